@@ -1,1 +1,32 @@
-"""fusegraph."""
+"""fusegraph: a torch.compile backend that fuses an LLM decode step into one NKI megakernel for Trainium.
+
+Use it as ``torch.compile(model, backend="fusegraph", options={...})`` (registered by entry point; no import
+needed), or inspect what it captures with :func:`fusegraph.capture_step`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Settings": ("fusegraph.settings", "Settings"),
+    "FusegraphOptionError": ("fusegraph.settings", "FusegraphOptionError"),
+    "FusegraphWarning": ("fusegraph.warnings", "FusegraphWarning"),
+    "capture_step": ("fusegraph.inspection", "capture_step"),
+    "last_capture": ("fusegraph.inspection", "last_capture"),
+    "Capture": ("fusegraph.inspection", "Capture"),
+    "fusegraph_backend": ("fusegraph.backend", "fusegraph_backend"),
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    # lazy: `import fusegraph` must stay cheap (the entry point imports fusegraph.backend only when used)
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(f"module 'fusegraph' has no attribute {name!r}")

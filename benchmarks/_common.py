@@ -1,0 +1,39 @@
+"""Shared helpers for benchmarks: run a measurement in a fresh process (clean peak-memory numbers), print a
+table, write JSON."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Sequence
+
+
+def run_isolated(module: str, func: str, *args: str, timeout: int = 1800) -> dict[str, Any]:
+    """Run ``module.func(*args)`` in a child interpreter; it must print one JSON line last."""
+    code = f"import json,sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import {module} as m; print(json.dumps(m.{func}(*sys.argv[1:])))"
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{module}.{func}{args} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
+    widths = [max(len(title), *(len(_fmt(r.get(key))) for r in rows)) for key, title in columns]
+    print("  ".join(t.ljust(w) for (_, t), w in zip(columns, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(_fmt(r.get(k)).ljust(w) for (k, _), w in zip(columns, widths)))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return "" if v is None else str(v)
+
+
+def write_json(path: str, data: Any) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+    print(f"wrote {path}")

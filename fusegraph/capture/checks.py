@@ -1,0 +1,77 @@
+"""Decide, before lowering, whether fusegraph can take a dynamo graph at all.
+
+Everything refused here runs on the eager path with one warning naming the reason: a user's forward must never
+fail because fusegraph could not handle it.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+#: dtypes the Trainium engines (and so fusegraph's codegen) can hold; anything else stays on the eager path
+SUPPORTED_DTYPES = {
+    torch.float32, torch.bfloat16, torch.float16,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+}
+
+
+class CaptureRefused(Exception):
+    """fusegraph cannot (or should not) take this graph; the message is the user-facing reason."""
+
+
+def _source_name(node: fx.Node) -> str:
+    ga = node.meta.get("grapharg")
+    src = getattr(ga, "source", None)
+    name = getattr(src, "name", None)
+    if callable(name):
+        name = name()
+    return name or node.name
+
+
+def _is_symbolic(v: Any) -> bool:
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(v, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in v.shape)
+    return False
+
+
+def check_capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Raise :class:`CaptureRefused` with the reason if fusegraph must leave this graph to eager PyTorch."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n in placeholders:
+        if _is_symbolic(n.meta.get("example_value")):
+            raise CaptureRefused(
+                f"dynamic shapes are not supported (input {_source_name(n)} has a symbolic size); "
+                "compile with dynamic=False"
+            )
+    for v in example_inputs:
+        if isinstance(v, (torch.SymInt, torch.SymFloat)):
+            raise CaptureRefused("dynamic shapes are not supported (a graph input is a symbolic scalar); compile with dynamic=False")
+    tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)]
+    if not tensors:
+        raise CaptureRefused("the graph has no tensor inputs, so there is nothing to fuse")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise CaptureRefused(
+            "autograd is enabled and inputs require grad; fusegraph fuses inference steps only "
+            "(run the step under torch.no_grad() or torch.inference_mode())"
+        )
+    for n in gm.graph.nodes:
+        val = n.meta.get("example_value")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        for v in vals:
+            if isinstance(v, torch.Tensor) and v.dtype not in SUPPORTED_DTYPES:
+                where = n.meta.get("nn_module_stack")
+                mod = list(where.values())[-1][0] if where else "the step"
+                raise CaptureRefused(
+                    f"unsupported dtype {str(v.dtype).replace('torch.', '')} (node {n.name} in {mod}); "
+                    "Trainium kernels support fp32/bf16/fp16 and integer types"
+                )
+    if not any(n.op == "call_function" or n.op == "call_method" or n.op == "call_module" for n in gm.graph.nodes):
+        raise CaptureRefused("the graph computes nothing")
+
+
+def dynamo_input_sources(gm: fx.GraphModule) -> list[str]:
+    return [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]

@@ -1,0 +1,19 @@
+"""Capture rewrites: substitute graph-break-causing module implementations while fusegraph traces."""
+from .base import (
+    CaptureRewrite,
+    apply_to_module,
+    install_rewrites,
+    register_capture_rewrite,
+    registered_rewrites,
+    remove_from_module,
+)
+from . import hf_eager_experts as _hf_eager_experts  # noqa: F401  (registers the built-in rewrite)
+
+__all__ = [
+    "CaptureRewrite",
+    "apply_to_module",
+    "install_rewrites",
+    "register_capture_rewrite",
+    "registered_rewrites",
+    "remove_from_module",
+]

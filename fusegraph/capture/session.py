@@ -1,0 +1,158 @@
+"""A capture session: every graph dynamo hands fusegraph for one compiled callable, linked into one program.
+
+Dynamo calls the backend once per graph; when a step is split by graph breaks the graphs arrive one by one,
+interleaved with execution. Linking is done by tensor flow: each compiled graph records the tensors it returns;
+when a later graph is compiled, its (real) example inputs are looked up among them. A match by object identity
+with an unchanged version counter means no Python glue computed on the tensor between the graphs.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+import logging
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from ..program import GraphBreak, InputKind, Link, Program, Ref
+from ..settings import Settings
+from .compile_context import current_compiler_fn
+from .paths import ModelPaths
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Refusal:
+    graph_index: int
+    reason: str
+
+
+@dataclass
+class CaptureSession:
+    settings: Settings
+    name: str = ""
+    program: Program = field(default_factory=Program)
+    refusals: list[Refusal] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    executors: dict[int, str] = field(default_factory=dict)
+    paths: ModelPaths = field(default_factory=ModelPaths)
+    _next: Iterator[int] = field(default_factory=itertools.count)
+    _last_outputs: dict[int, list] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reserve_index(self) -> int:
+        with self._lock:
+            return next(self._next)
+
+    # ---- tensor-flow linking -----------------------------------------------------------------------------
+    def record_outputs(self, graph_index: int, outputs: Any) -> None:
+        outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+        rec = []
+        for t in outs:
+            if isinstance(t, torch.Tensor):
+                rec.append((weakref.ref(t), t._version))
+            else:
+                rec.append(None)
+        self._last_outputs[graph_index] = rec
+
+    def find_producers(self, example_inputs: Sequence[Any]) -> dict[int, tuple[int, int, bool]]:
+        """{input position: (producer graph, output index, glue_free)} for inputs produced by earlier graphs."""
+        found: dict[int, tuple[int, int, bool]] = {}
+        for pos, t in enumerate(example_inputs):
+            if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter):
+                continue
+            for g, rec in self._last_outputs.items():
+                for k, r in enumerate(rec):
+                    if r is not None and r[0]() is t:
+                        found[pos] = (g, k, t._version == r[1])
+                        break
+                if pos in found:
+                    break
+        return found
+
+    def add_links(self, graph_index: int, producers: dict[int, tuple[int, int, bool]]) -> None:
+        prog = self.program
+        dst = prog.graphs[graph_index] if graph_index < len(prog.graphs) and prog.graphs[graph_index].index == graph_index else None
+        if dst is None:
+            dst = next((g for g in prog.graphs if g.index == graph_index), None)
+        if dst is None:
+            return
+        for pos, (g, k, glue_free) in producers.items():
+            src = next((c for c in prog.graphs if c.index == g), None)
+            if src is None or pos >= len(dst.inputs):
+                continue
+            out = src.outputs[k] if k < len(src.outputs) else None
+            if not isinstance(out, Ref):
+                continue
+            pin = dst.inputs[pos]
+            if pin.kind in (InputKind.WEIGHT, InputKind.BUFFER):
+                continue
+            link = Link(src_graph=g, src_output=k, src_node=out.node, dst_graph=graph_index, dst_input=pos,
+                        dst_node=pin.node, glue_free=glue_free)
+            prog.links.append(link)
+            if pin.kind != InputKind.STATE:
+                pin.kind = InputKind.LINKED
+                prog.graph.nodes[pin.node]["input_kind"] = InputKind.LINKED
+            prog.graph.add_edge(out.node, pin.node, link=True, glue_free=glue_free)
+
+    def add_break(self, graph_index: int, reason: Any) -> None:
+        if reason is None or not getattr(reason, "graph_break", False):
+            return
+        frame = None
+        stack = getattr(reason, "user_stack", None) or []
+        if stack:
+            f = stack[-1]
+            frame = f"{f.filename}:{f.lineno} in {f.name}"
+        text = " ".join(t.strip() for t in str(getattr(reason, "reason", reason)).strip().splitlines() if t.strip())
+        self.program.breaks.append(GraphBreak(after_graph=graph_index, reason=text, user_frame=frame))
+        for g in self.program.graphs:
+            if g.index == graph_index:
+                g.break_reason = text
+
+
+# ---- which session does a backend call belong to ---------------------------------------------------------
+_explicit: contextvars.ContextVar[CaptureSession | None] = contextvars.ContextVar("fusegraph_session", default=None)
+_by_compile: dict[int, tuple[Any, CaptureSession]] = {}
+_last: list[CaptureSession] = []
+
+
+@contextlib.contextmanager
+def explicit_session(session: CaptureSession) -> Iterator[CaptureSession]:
+    """Route every graph compiled inside the block to ``session`` (used by :func:`fusegraph.capture`)."""
+    token = _explicit.set(session)
+    try:
+        yield session
+    finally:
+        _explicit.reset(token)
+
+
+def session_for(settings: Settings) -> CaptureSession:
+    """The session of the compile in progress: explicit if set, else one per ``torch.compile`` call."""
+    s = _explicit.get()
+    if s is None:
+        owner = current_compiler_fn()
+        key = id(owner) if owner is not None else None
+        if key is not None and key in _by_compile:
+            ref, s = _by_compile[key]
+            if ref() is not owner:
+                s = None
+        if s is None:
+            s = CaptureSession(settings=settings, name=f"compile-{time.strftime('%H%M%S')}")
+            if key is not None:
+                try:
+                    _by_compile[key] = (weakref.ref(owner), s)
+                except TypeError:  # owner not weak-referenceable: one session per graph
+                    pass
+    _last[:] = [s]
+    return s
+
+
+def last_session() -> CaptureSession | None:
+    """The session most recently used by the backend (for users who called torch.compile directly)."""
+    return _last[0] if _last else None

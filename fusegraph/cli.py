@@ -1,0 +1,108 @@
+"""The ``fusegraph`` command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any, Sequence
+
+
+def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for p in pairs:
+        if "=" not in p:
+            raise SystemExit(f"--option expects NAME=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def cmd_models(_: argparse.Namespace) -> int:
+    from .models import MODELS
+
+    for spec in MODELS.values():
+        print(f"{spec.name:<16} {spec.description}")
+    return 0
+
+
+def cmd_options(_: argparse.Namespace) -> int:
+    from .settings import describe_options
+
+    print(describe_options())
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import torch
+
+    from .inspection import capture_step
+    from .models import build_decode
+
+    case = build_decode(args.model, dtype=args.dtype, attn=args.attn, experts=args.experts, batch=args.batch,
+                        max_cache_len=args.max_cache_len, num_layers=args.layers)
+    reference = case.fork() if case.token.device.type != "meta" else None
+    options = _parse_options(args.option)
+    cap = capture_step(case.step, case.token, case.position, options=options)
+    summary = cap.summary()
+    print(f"model {args.model} ({case.model.config.model_type}, {case.dtype}, attn={args.attn}"
+          + (f", experts={args.experts}" if "moe" in args.model else "") + f", batch {args.batch})")
+    print(cap.format())
+    if reference is not None:
+        with torch.no_grad():
+            expected = reference.step(reference.token, reference.position)
+        diff = (cap.outputs.float() - expected.float()).abs().max().item()
+        same_cache = all(torch.equal(a, b) for a, b in zip(case.cache_tensors(), reference.cache_tensors()))
+        summary["check"] = {"max_abs_diff_vs_eager": diff, "kv_cache_equal": same_cache}
+        print(f"compiled step vs eager: max |diff| = {diff:.3g}, KV cache equal: {same_cache}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_nki_run(args: argparse.Namespace) -> int:
+    try:
+        from .nkisim import cli as nki_cli
+    except ImportError as e:  # pragma: no cover - the interpreter ships with fusegraph
+        print(f"the NKI interpreter is unavailable: {e}", file=sys.stderr)
+        return 2
+    return nki_cli.main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fusegraph", description="Fuse an LLM decode step into one NKI megakernel.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("report", help="capture a bundled model's decode step and report what was captured")
+    r.add_argument("--model", default="qwen3-moe-tiny", help="bundled model name (see `fusegraph models`)")
+    r.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: the model's)")
+    r.add_argument("--attn", default="eager", help="HF attention implementation: eager | sdpa")
+    r.add_argument("--experts", default="batched_mm", help="HF MoE experts implementation: batched_mm | grouped_mm | eager")
+    r.add_argument("--batch", type=int, default=1)
+    r.add_argument("--layers", type=int, default=None, help="override the number of decoder layers")
+    r.add_argument("--max-cache-len", type=int, default=32)
+    r.add_argument("--option", action="append", default=[], metavar="NAME=VALUE", help="a fusegraph option (repeatable)")
+    r.add_argument("--json", default=None, help="also write the report as JSON to this path")
+    r.set_defaults(func=cmd_report)
+
+    sub.add_parser("models", help="list the bundled model configs").set_defaults(func=cmd_models)
+    sub.add_parser("options", help="list every fusegraph option with its default").set_defaults(func=cmd_options)
+
+    n = sub.add_parser("nki-run", help="run an NKI kernel file on CPU with fusegraph's interpreter",
+                       add_help=False)
+    n.add_argument("rest", nargs=argparse.REMAINDER)
+    n.set_defaults(func=cmd_nki_run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

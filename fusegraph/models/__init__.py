@@ -1,0 +1,167 @@
+"""Bundled model configs and decode-step builders (no downloads: HF models built from configs, random weights).
+
+Tiny configs are for numerics (2 layers, run on CPU in milliseconds); full-size configs are built on the
+``meta`` device, where no memory is allocated, for structure and scale (capture, matching, shape-only profiles).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+TINY_DIMS = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=False,
+                 max_position_embeddings=512)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str  # "llama" | "qwen3" | "qwen3_moe"
+    description: str
+    config: dict[str, Any]
+    meta: bool = False  # full size: build on the meta device
+    dtype: str = "float32"  # default dtype (full-size models default to bf16, as deployed)
+
+    def make_config(self, **overrides: Any):
+        cfg_cls = _families()[self.family][0]
+        return cfg_cls(**{**self.config, **overrides})
+
+
+def _families() -> dict[str, tuple[type, type]]:
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM)
+
+    return {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    }
+
+
+MODELS: dict[str, ModelSpec] = {
+    s.name: s
+    for s in [
+        ModelSpec("llama-tiny", "llama", "Llama, 2 layers, hidden 256, GQA 4q/2kv heads", dict(TINY_DIMS)),
+        ModelSpec("qwen3-tiny", "qwen3", "Qwen3 dense (q/k-norm), 2 layers, hidden 256", dict(TINY_DIMS)),
+        ModelSpec(
+            "qwen3-moe-tiny", "qwen3_moe",
+            "Qwen3-MoE, 2 layers, hidden 256, 8 experts top-2 (renormalized, like Qwen3-30B-A3B)",
+            dict(TINY_DIMS, moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1,
+                 mlp_only_layers=[], norm_topk_prob=True),
+        ),
+        ModelSpec(
+            "qwen3-30b-a3b", "qwen3_moe", "Qwen3-30B-A3B at full size (48 layers, 128 experts top-8), meta device",
+            dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                 num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                 num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                 rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960, tie_word_embeddings=False),
+            meta=True, dtype="bfloat16",
+        ),
+        ModelSpec(
+            "llama3-8b", "llama", "Llama-3-8B dimensions (32 layers, hidden 4096, GQA 32q/8kv), meta device",
+            dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+                 max_position_embeddings=8192, tie_word_embeddings=False),
+            meta=True, dtype="bfloat16",
+        ),
+    ]
+}
+
+
+@dataclass
+class DecodeCase:
+    """A model with a static KV cache after prefill, and the next decode step's inputs.
+
+    ``step(tok, pos)`` is the decode step users compile: one token per sequence, positions as a tensor (so it
+    never recompiles), the cache updated in place.
+    """
+
+    name: str
+    model: torch.nn.Module
+    cache: Any
+    token: torch.Tensor  # [B, 1] int64
+    position: torch.Tensor  # [B, 1] int64
+    dtype: torch.dtype
+    options: dict[str, Any]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tok, cache=self.cache, position_ids=pos, use_cache=True).logits
+
+    def fork(self) -> "DecodeCase":
+        """Same model and inputs, an independent copy of the cache (to compare two executions side by side)."""
+        return dataclasses.replace(self, cache=copy.deepcopy(self.cache))
+
+    def cache_tensors(self) -> list[torch.Tensor]:
+        out = []
+        for layer in self.cache.layers:
+            out += [layer.keys, layer.values]
+        return out
+
+
+def build_decode(name: str, *, dtype: str | torch.dtype | None = None, attn: str = "eager",
+                 experts: str = "batched_mm", batch: int = 1, prompt_len: int = 8, max_cache_len: int = 32,
+                 num_layers: int | None = None, device: str | None = None, seed: int = 0,
+                 config_overrides: dict[str, Any] | None = None) -> DecodeCase:
+    """Build a bundled model and its decode step. Tiny models are prefilled eagerly on CPU; meta models are not."""
+    from transformers import StaticCache
+
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; bundled: {', '.join(MODELS)}")
+    spec = MODELS[name]
+    dtype = dtype or spec.dtype
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    overrides = dict(config_overrides or {})
+    if num_layers is not None:
+        overrides["num_hidden_layers"] = num_layers
+    cfg = spec.make_config(**overrides)
+    model_cls = _families()[spec.family][1]
+    kwargs: dict[str, Any] = {"attn_implementation": attn}
+    if spec.family == "qwen3_moe":
+        kwargs["experts_implementation"] = experts
+    device = device or ("meta" if spec.meta else "cpu")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_cls._from_config(cfg, dtype=torch_dtype, **kwargs).eval()
+    if device != "meta":
+        _spread_router_weights(model)
+    cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+    if device == "meta":
+        cache.early_initialization(batch, cfg.num_key_value_heads, cfg.head_dim, torch_dtype, torch.device("meta"))
+        token = torch.zeros(batch, 1, dtype=torch.long, device="meta")
+        position = torch.full((batch, 1), prompt_len, dtype=torch.long, device="meta")
+    else:
+        prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len))
+        with torch.no_grad():
+            logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        position = torch.full((batch, 1), prompt_len, dtype=torch.long)
+    return DecodeCase(name=name, model=model, cache=cache, token=token, position=position, dtype=torch_dtype,
+                      options={"attn": attn, "experts": experts, "batch": batch, "max_cache_len": max_cache_len})
+
+
+def _spread_router_weights(model: torch.nn.Module) -> None:
+    """Redraw MoE router weights with a larger spread: tiny random routers otherwise tie, which makes top-k
+    (and so every comparison of two executions) ill-conditioned."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight") and p.dim() == 2 and p.shape[0] < p.shape[1]:
+                p.normal_(0.0, 0.5)
+
+
+def greedy_decode(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], token: torch.Tensor,
+                  position: torch.Tensor, steps: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Run ``steps`` greedy decode steps; return (tokens fed, logits per step)."""
+    tokens, logits = [], []
+    tok, pos = token.clone(), position.clone()
+    with torch.no_grad():
+        for _ in range(steps):
+            out = step(tok, pos)
+            tokens.append(tok.clone())
+            logits.append(out.detach().clone())
+            tok = out[:, -1].argmax(-1, keepdim=True)
+            pos = pos + 1
+    return tokens, logits

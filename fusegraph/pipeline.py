@@ -1,0 +1,132 @@
+"""The per-graph compile pipeline behind the backend: check -> lower to ATen -> program -> executor.
+
+Every failure ends in a warning and the eager path (unless ``pass_through_build_failures``), so a user's
+forward never raises because of fusegraph.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+from functorch.compile import make_boxed_func
+from torch._functorch.aot_autograd import aot_module_simplified
+
+from .capture.checks import CaptureRefused, check_capturable, dynamo_input_sources
+from .capture.rewrites import install_rewrites
+from .capture.session import CaptureSession, session_for
+from .executors import get_executor
+from .capture.paths import current_frame_modules
+from .program.build import DynamoInput, add_graph
+from .settings import Settings
+from .warnings import warn
+
+log = logging.getLogger(__name__)
+
+
+def resolve_executor_name(settings: Settings) -> str:
+    name = settings.executor
+    if settings.dryrun:
+        return "eager"
+    if name == "auto":
+        from .executors import available_executors
+
+        for candidate in ("neuron", "nkisim"):
+            if candidate in available_executors():
+                return candidate
+        return "eager"
+    return name
+
+
+def _dynamo_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[DynamoInput]:
+    sources = dynamo_input_sources(gm)
+    return [
+        DynamoInput(source=s, is_tensor=isinstance(v, torch.Tensor), is_parameter=isinstance(v, torch.nn.Parameter))
+        for s, v in zip(sources, example_inputs)
+    ]
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: Settings) -> Callable:
+    """Compile one dynamo graph for fusegraph; returns the callable dynamo will run for it."""
+    install_rewrites()  # classes imported since the last call get their dispatcher for the next trace
+    session = session_for(settings)
+    index = session.reserve_index()
+    t0 = time.perf_counter()
+    try:
+        check_capturable(gm, example_inputs)
+        producers = session.find_producers(example_inputs)
+        dyn_inputs = _dynamo_inputs(gm, example_inputs)
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        session.paths.register(index, current_frame_modules())
+        dynamo_nodes = sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output"))
+
+        def fw_compiler(aten_gm: fx.GraphModule, _fake_inputs: Sequence[Any]) -> Callable:
+            add_graph(session.program, aten_gm, index, dyn_inputs, dynamo_nodes)
+            session.paths.refresh(session.program)
+            session.add_links(index, producers)
+            session.add_break(index, reason)
+            runner = _make_runner(session, index, settings)
+            return make_boxed_func(lambda *args: runner(args))
+
+        compiled = aot_module_simplified(gm, list(example_inputs), fw_compiler=fw_compiler,
+                                         keep_inference_input_mutations=True)
+    except CaptureRefused as refused:
+        session.refusals.append(_refusal(index, str(refused)))
+        warn(f"graph {index}: {refused}; running it eagerly")
+        compiled = gm.forward
+    except Exception as e:  # noqa: BLE001 - any capture failure must leave the user's step working
+        if settings.pass_through_build_failures:
+            raise
+        session.refusals.append(_refusal(index, f"{type(e).__name__}: {e}"))
+        warn(f"graph {index}: capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); running it eagerly")
+        log.debug("capture failure", exc_info=True)
+        compiled = gm.forward
+    session.compile_seconds += time.perf_counter() - t0
+    if settings.report:
+        _write_report(session, settings.report)
+    return _recording(session, index, compiled)
+
+
+def _write_report(session: CaptureSession, path: str) -> None:
+    """Write the session's report as JSON (rewritten after every graph, so it always covers the whole step)."""
+    import json
+
+    from .inspection import summarize
+
+    try:
+        with open(path, "w") as f:
+            json.dump(summarize(session), f, indent=2, default=str)
+    except OSError as e:
+        warn(f"could not write the report to {path}: {e}")
+
+
+def _refusal(index: int, reason: str):
+    from .capture.session import Refusal
+
+    return Refusal(index, reason)
+
+
+def _make_runner(session: CaptureSession, index: int, settings: Settings) -> Callable:
+    name = resolve_executor_name(settings)
+    try:
+        runner = get_executor(name).compile(session.program, index, settings)
+    except Exception as e:  # noqa: BLE001
+        if settings.pass_through_build_failures or name == "eager":
+            raise
+        warn(f"graph {index}: executor {name!r} could not build ({type(e).__name__}: {e}); using the eager executor")
+        name = "eager"
+        runner = get_executor("eager").compile(session.program, index, settings)
+    session.executors[index] = name
+    return runner
+
+
+def _recording(session: CaptureSession, index: int, compiled: Callable) -> Callable:
+    def run(*args: Any) -> Any:
+        out = compiled(*args)
+        session.record_outputs(index, out)
+        return out
+
+    run._fusegraph_graph_index = index  # type: ignore[attr-defined]
+    return run

@@ -1,0 +1,206 @@
+"""Build program nodes from one ATen FX graph (as aot_autograd hands it over) and add them to a Program."""
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from .ir import CapturedGraph, InputKind, Program, ProgramInput, Ref
+from .sources import layer_index, parse_source, relative_path, stack_path
+from .state import convert_state_writes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DynamoInput:
+    """What dynamo knows about one graph input (aligned with the ATen placeholders)."""
+
+    source: str
+    is_tensor: bool
+    is_parameter: bool
+
+
+def node_id(graph_index: int, name: str) -> str:
+    return f"g{graph_index}.{name}"
+
+
+def op_name(target: Any) -> str:
+    """Stable string name of an FX call target (``aten.mm.default``, ``getitem``, ``mylib.myop``)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    if target is operator.getitem:
+        return "getitem"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return str(target)
+    mod = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    return f"{mod}.{name}" if mod else name
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def value_meta(val: Any) -> tuple[Any, Any]:
+    """(shape, dtype) of an FX node value; nested tuples for multi-output ops."""
+    if isinstance(val, torch.Tensor):
+        return tuple(int(s) if not isinstance(s, torch.SymInt) else s for s in val.shape), dtype_name(val.dtype)
+    if isinstance(val, (list, tuple)):
+        metas = [value_meta(v) for v in val]
+        return tuple(m[0] for m in metas), tuple(m[1] for m in metas)
+    return None, None
+
+
+def _convert_arg(arg: Any, graph_index: int) -> tuple[Any, list]:
+    """Replace fx.Node references by Ref; also return the constant (non-node) leaves."""
+    consts: list = []
+
+    def conv(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            return Ref(node_id(graph_index, a.name))
+        if isinstance(a, (list, tuple)):
+            return type(a)(conv(x) for x in a)
+        if isinstance(a, dict):
+            return {k: conv(v) for k, v in a.items()}
+        consts.append(a)
+        return a
+
+    return conv(arg), consts
+
+
+def _last_stack_line(node: fx.Node) -> str | None:
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    # the stack trace ends with the code line (possibly followed by a ^^^^ marker line)
+    code = [ln for ln in lines if not set(ln) <= set("^~ ")]
+    return code[-1] if code else None
+
+
+def _module_of(node: fx.Node) -> tuple[str | None, str | None]:
+    """(frame-relative dotted module path, module class name) of the innermost module an op ran in."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None, None
+    path, cls = list(stack.values())[-1]
+    cls_name = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].strip("'>")
+    return stack_path(path), cls_name
+
+
+def outermost_module(gm: fx.GraphModule) -> str | None:
+    """The path of the outermost nn.Module the step runs (what module paths are made relative to)."""
+    from collections import Counter
+
+    roots: Counter = Counter()
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack")
+        if stack:
+            roots[stack_path(list(stack.values())[0][0])] += 1
+    return roots.most_common(1)[0][0] if roots else None
+
+
+def classify_input(src: DynamoInput | None, val: Any) -> InputKind:
+    if not isinstance(val, torch.Tensor):
+        return InputKind.SCALAR
+    if src is None:
+        return InputKind.STEP
+    if src.is_parameter:
+        return InputKind.WEIGHT
+    if parse_source(src.source).is_buffer:
+        return InputKind.BUFFER
+    return InputKind.STEP
+
+
+def add_graph(
+    program: Program,
+    gm: fx.GraphModule,
+    graph_index: int,
+    dynamo_inputs: Sequence[DynamoInput] | None,
+    dynamo_node_count: int = 0,
+    break_reason: str | None = None,
+) -> CapturedGraph:
+    """Add one ATen graph to ``program``; state writes become in-place ops (see :mod:`.state`)."""
+    G = program.graph
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if dynamo_inputs is not None and len(dynamo_inputs) != len(placeholders):
+        log.debug("graph %d: %d dynamo inputs for %d ATen placeholders", graph_index, len(dynamo_inputs), len(placeholders))
+        dynamo_inputs = None
+    inputs: list[ProgramInput] = []
+    outputs: list = []
+    root = outermost_module(gm)
+    for pos, n in enumerate(gm.graph.nodes):
+        nid = node_id(graph_index, n.name)
+        shape, dtype = value_meta(n.meta.get("val"))
+        if n.op == "placeholder":
+            src = dynamo_inputs[len(inputs)] if dynamo_inputs is not None else None
+            kind = classify_input(src, n.meta.get("val"))
+            info = parse_source(src.source) if src else None
+            pin = ProgramInput(
+                node=nid,
+                position=len(inputs),
+                kind=kind,
+                source=src.source if src else n.name,
+                module=relative_path(info.path, root) if info else None,
+                shape=shape,
+                dtype=dtype,
+            )
+            inputs.append(pin)
+            G.add_node(
+                nid, kind="input", graph=graph_index, fx_pos=pos, shape=shape, dtype=dtype,
+                input_kind=kind, source=pin.source, module=pin.module, position=pin.position,
+                layer=layer_index(pin.module), frame_path=info.path if info else None,
+            )
+        elif n.op == "call_function":
+            args, c1 = _convert_arg(n.args, graph_index)
+            kwargs, c2 = _convert_arg(dict(n.kwargs), graph_index)
+            frame_path, mod_type = _module_of(n)
+            mod = relative_path(frame_path, root) if frame_path else None
+            G.add_node(
+                nid, kind="op", graph=graph_index, fx_pos=pos, shape=shape, dtype=dtype,
+                op=op_name(n.target), target=n.target, args=args, kwargs=kwargs, consts=tuple(c1 + c2),
+                module=mod or None, module_type=mod_type, layer=layer_index(mod), source_line=_last_stack_line(n),
+                name=n.name, frame_path=frame_path or "self",
+            )
+            for i, a in enumerate(n.all_input_nodes):
+                G.add_edge(node_id(graph_index, a.name), nid)
+        elif n.op == "output":
+            outs, _ = _convert_arg(n.args[0], graph_index)
+            flat = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+            outputs = flat
+            G.add_node(nid, kind="output", graph=graph_index, fx_pos=pos, shape=None, dtype=None, args=(flat,))
+            for a in n.all_input_nodes:
+                G.add_edge(node_id(graph_index, a.name), nid)
+        else:  # get_attr: constants lifted by aot are rare in inference graphs; keep them as inputs-like ops
+            G.add_node(nid, kind="op", graph=graph_index, fx_pos=pos, shape=shape, dtype=dtype, op="get_attr",
+                       target=getattr(gm, n.target), args=(), kwargs={}, consts=(), module=None, module_type=None,
+                       layer=None, source_line=None, name=n.name)
+    captured = CapturedGraph(
+        index=graph_index,
+        inputs=inputs,
+        outputs=outputs,
+        state_writes={},
+        dynamo_node_count=dynamo_node_count,
+        aten_node_count=sum(1 for n in gm.graph.nodes if n.op == "call_function"),
+        break_reason=break_reason,
+        gm=gm,
+    )
+    captured.state_writes = convert_state_writes(program, captured)
+    program.graphs.append(captured)
+    renumber(program)
+    return captured
+
+
+def renumber(program: Program) -> None:
+    """Assign ``order``: a topological order of the whole program, ties broken by (graph, FX position)."""
+    import networkx as nx
+
+    G = program.graph
+    key = {n: (d["graph"], d["fx_pos"]) for n, d in G.nodes(data=True)}
+    for i, n in enumerate(nx.lexicographical_topological_sort(G, key=lambda n: key[n])):
+        G.nodes[n]["order"] = i

@@ -1,0 +1,87 @@
+"""Represent the step's writes of state (KV cache, cache-length counters) as in-place ops.
+
+aot_autograd functionalizes ``cache.index_copy_(...)`` into a functional ``index_copy`` and, with
+``keep_inference_input_mutations=True``, a trailing ``copy_(cache, new_value)``. Read literally that is "build a
+whole new cache, then copy it over the old one": fine for a CPU, wasteful for codegen, which must write the new
+rows into the cache in HBM directly. So the functional producer becomes its in-place variant
+(``index_copy_``), the ``copy_`` disappears, and every reader of the *old* value gets a hazard edge that orders it
+before the write. Where that is impossible (a reader of the old value depends on the write) the ``copy_`` stays
+as an explicit state-write node.
+"""
+from __future__ import annotations
+
+import logging
+
+import networkx as nx
+import torch
+
+from .ir import CapturedGraph, InputKind, Program, Ref
+
+log = logging.getLogger(__name__)
+
+_COPY = "aten.copy_.default"
+
+
+def _inplace_variant(target: object) -> object | None:
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    packet = target.overloadpacket.__name__
+    if packet.endswith("_"):
+        return None
+    inplace = getattr(torch.ops.aten, packet + "_", None)
+    if inplace is None:
+        return None
+    return getattr(inplace, target._overloadname, None)
+
+
+def _readers(G: nx.DiGraph, node: str) -> list[str]:
+    return [s for s in G.successors(node) if G.nodes[s]["kind"] == "op"]
+
+
+def convert_state_writes(program: Program, captured: CapturedGraph) -> dict[str, str]:
+    """Rewrite ``copy_(input, value)`` pairs of one graph; return {state input node: node leaving final value}."""
+    G = program.graph
+    gi = captured.index
+    writes: dict[str, str] = {}
+    copies = [n for n, d in G.nodes(data=True) if d["graph"] == gi and d["kind"] == "op" and d["op"] == _COPY]
+    for cp in copies:
+        d = G.nodes[cp]
+        dst, src = d["args"][0], d["args"][1]
+        if not (isinstance(dst, Ref) and isinstance(src, Ref)) or G.nodes[dst.node]["kind"] != "input":
+            continue  # a copy_ into an intermediate: an ordinary op
+        state = dst.node
+        G.nodes[state]["input_kind"] = InputKind.STATE
+        for pin in captured.inputs:
+            if pin.node == state:
+                pin.kind = InputKind.STATE
+        producer = src.node
+        pd = G.nodes[producer]
+        inplace = _inplace_variant(pd.get("target"))
+        first = pd.get("args", (None,))[0] if pd["kind"] == "op" and pd.get("args") else None
+        same_meta = pd.get("shape") == G.nodes[state].get("shape") and pd.get("dtype") == G.nodes[state].get("dtype")
+        old_readers = [r for r in _readers(G, state) if r not in (producer, cp)]
+        if (
+            inplace is not None
+            and isinstance(first, Ref)
+            and first.node == state
+            and same_meta
+            and not any(nx.has_path(G, producer, r) for r in old_readers)
+        ):
+            # in place: producer writes the state; old-value readers must run first
+            pd["op"] = str(inplace)
+            pd["target"] = inplace
+            pd["writes_state"] = state
+            for r in old_readers:
+                G.add_edge(r, producer, hazard=True)
+            for s in list(G.successors(cp)):
+                G.add_edge(producer, s)
+            G.remove_node(cp)
+            writes[state] = producer
+            log.debug("graph %d: %s writes state %s in place", gi, pd["op"], state)
+        else:
+            d["writes_state"] = state
+            for r in old_readers:
+                if r != cp and not nx.has_path(G, cp, r):
+                    G.add_edge(r, cp, hazard=True)
+            writes[state] = cp
+    return writes

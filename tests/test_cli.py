@@ -1,0 +1,29 @@
+import json
+
+from fusegraph.cli import main
+
+
+def test_report_command_runs_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["report", "--model", "llama-tiny", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "captured 1 graph(s)" in text and "max |diff| = 0" in text and "KV cache equal: True" in text
+    data = json.loads(out.read_text())
+    assert data["check"]["kv_cache_equal"] is True and data["layers"] == 2
+
+
+def test_models_and_options_commands(capsys):
+    assert main(["models"]) == 0
+    assert "qwen3-moe-tiny" in capsys.readouterr().out
+    assert main(["options"]) == 0
+    assert "FUSEGRAPH_TARGET" in capsys.readouterr().out
+
+
+def test_report_option_writes_json(tmp_path):
+    import torch
+
+    path = tmp_path / "rep.json"
+    f = torch.compile(lambda x: x.cos() * 3, backend="fusegraph", options={"report": str(path)})
+    with torch.no_grad():
+        f(torch.ones(3))
+    assert json.loads(path.read_text())["op_count"] >= 2

@@ -26,10 +26,10 @@ def cmd_models(_: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_options(_: argparse.Namespace) -> int:
+def cmd_options(args: argparse.Namespace) -> int:
     from .settings import describe_options
 
-    print(describe_options())
+    print(describe_options(markdown=args.markdown))
     return 0
 
 
@@ -89,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_report)
 
     sub.add_parser("models", help="list the bundled model configs").set_defaults(func=cmd_models)
-    sub.add_parser("options", help="list every fusegraph option with its default").set_defaults(func=cmd_options)
+    o = sub.add_parser("options", help="list every fusegraph option with its default")
+    o.add_argument("--markdown", action="store_true", help="as the markdown table of docs/options.md")
+    o.set_defaults(func=cmd_options)
 
     n = sub.add_parser("nki-run", help="run an NKI kernel file on CPU with fusegraph's interpreter",
                        add_help=False)

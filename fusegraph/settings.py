@@ -145,10 +145,18 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
     return value
 
 
-def describe_options() -> str:
-    """Human-readable table of every option, its default and what it does."""
+def describe_options(markdown: bool = False) -> str:
+    """Every option, its default, its environment variable and what it does (text, or a markdown table)."""
+    fields = dataclasses.fields(Settings)
+    if markdown:
+        rows = ["| option | default | environment | what it does |", "|---|---|---|---|"]
+        for f in fields:
+            choices = f.metadata.get("choices")
+            doc = f.metadata["doc"] + (f" One of: {', '.join(f'`{c}`' for c in choices)}." if choices else "")
+            rows.append(f"| `{f.name}` | `{f.default!r}` | `{ENV_PREFIX}{f.name.upper()}` | {doc} |")
+        return "\n".join(rows)
     lines = []
-    for f in dataclasses.fields(Settings):
+    for f in fields:
         choices = f.metadata.get("choices")
         extra = f" (one of: {', '.join(map(str, choices))})" if choices else ""
         lines.append(f"{f.name} = {f.default!r}{extra}\n    env {ENV_PREFIX}{f.name.upper()}\n    {f.metadata['doc']}")

@@ -37,3 +37,10 @@ def test_every_option_is_documented():
     text = describe_options()
     for name in Settings.field_names():
         assert name in text and f"FUSEGRAPH_{name.upper()}" in text
+
+
+def test_options_page_is_up_to_date():
+    import pathlib
+
+    page = (pathlib.Path(__file__).parent.parent / "docs" / "options.md").read_text()
+    assert describe_options(markdown=True) in page, "regenerate docs/options.md with `fusegraph options --markdown`"

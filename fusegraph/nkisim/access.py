@@ -1,0 +1,263 @@
+"""Reading and writing tensor views, runtime indirection, and access-pattern geometry.
+
+Direct views become NumPy views of the storage buffer (``np.ndarray(buffer=...)``, which also re-checks the
+bounds).  Indirect views (``.ap`` with ``scalar_offset``/``vector_offset``) become gathers/scatters through
+element-address arrays; their index values come from memory in data runs and from ``assume`` in shape-only
+runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import assume as assume_mod
+from . import dtypes as dt
+from .enums import oob_mode
+from .errors import NkiValidationError
+from .registers import VirtualRegister
+from .tensor import NkiTensor, extent
+
+
+def np_view(t: NkiTensor) -> np.ndarray:
+    """Writable NumPy view of a direct (non-indirect) tensor view (data runs only)."""
+    isz = t.dtype.itemsize
+    return np.ndarray(
+        t.shape,
+        dtype=t.dtype.np,
+        buffer=t._st.buf,
+        offset=t._offset * isz,
+        strides=tuple(s * isz for s in t._strides),
+    )
+
+
+def grid(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.ndarray:
+    """Element addresses of a strided pattern (int64, shaped like ``shape``)."""
+    out = np.full(shape, offset, dtype=np.int64)
+    nd = len(shape)
+    for k, (n, s) in enumerate(zip(shape, strides)):
+        if n > 1 and s:
+            view_shape = [1] * nd
+            view_shape[k] = n
+            out += (np.arange(n, dtype=np.int64) * s).reshape(view_shape)
+    return out
+
+
+# ---------------------------------------------------------------------------- index values
+
+
+def index_values(ctx, index: object, kind: str, count: int, limit: int, target_label: str, where) -> np.ndarray:
+    """Runtime index values: ``count`` int64 values from an index tensor or a register (``where``: callable)."""
+    if isinstance(index, VirtualRegister):
+        if index.value is None:
+            raise NkiValidationError(f"register {index.name} used as an index before it was written", rule="register",
+                                     location=where())
+        return np.full(count, int(index.value), dtype=np.int64)
+    assert isinstance(index, NkiTensor)
+    if index._st.mem is not None:
+        index._st.mem.last_use = ctx.rec.count
+    if not index.dtype.is_int:
+        raise NkiValidationError(
+            f"{kind}_offset index tensor must have an integer dtype, got {index.dtype.name}", rule="dtype",
+            location=where(),
+        )
+    if ctx.shape_only or index._st.abstract:
+        positions = grid(index.shape, index._strides, index._offset).reshape(-1)
+        req = assume_mod.AssumeRequest(
+            name=index._st.name or index._st.label,
+            kind=kind,
+            positions=positions,
+            alloc_shape=index._st.shape,
+            limit=limit,
+            target=target_label,
+        )
+        vals = assume_mod.resolve(ctx.run.assume, req)
+    else:
+        vals = np.asarray(np_view(index)).reshape(-1).astype(np.int64)
+    if vals.size != count:
+        vals = np.resize(vals, count)
+    return vals
+
+
+@dataclass
+class Resolved:
+    """A runtime-resolved indirect view: a direct (shifted) view for scalar offsets, element addresses plus
+    a per-row validity mask for vector offsets, or ``skip`` when ``oob_mode.skip`` drops the transfer."""
+
+    view: NkiTensor | None = None
+    addr: np.ndarray | None = None  # int64, shape = view shape (vector gathers, data runs only)
+    valid: np.ndarray | None = None  # bool per row (first dim); None = all valid
+    skip: bool = False
+
+
+def _span(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> tuple[int, int]:
+    lo = hi = offset
+    for n, st in zip(shape, strides):
+        if n > 1:
+            d = (n - 1) * st
+            if d < 0:
+                lo += d
+            else:
+                hi += d
+    return lo, hi
+
+
+def resolve_indirect(ctx, t: NkiTensor, mode: oob_mode, op: str, where) -> Resolved:
+    """Resolve the runtime offsets of an indirect view; ``where`` is a callable giving the error location."""
+    ind = t._ind
+    assert ind is not None
+    limit_elems = t._st.nbytes // t.dtype.itemsize
+    if ind.kind == "scalar":
+        lo, hi = _span(t.shape, t._strides, t._offset)
+        lim = (limit_elems - 1 - hi) // ind.mult + 1 if ind.mult else 0
+        v = int(index_values(ctx, ind.index, "scalar", 1, max(lim, 0), t._st.label, where)[0])
+        shift = v * ind.mult
+        if lo + shift < 0 or hi + shift >= limit_elems:
+            if mode is oob_mode.skip:
+                return Resolved(skip=True)
+            raise NkiValidationError(
+                f"{op}: runtime scalar_offset value {v} (x{ind.mult} elements) moves the access outside tensor "
+                f"'{t._st.label}' of shape {t._st.shape} (oob_mode.error)",
+                rule="out-of-bounds",
+                location=where(),
+            )
+        return Resolved(view=NkiTensor(t._st, t.shape, t._strides, t._offset + shift, t.dtype))
+    # vector: the first pattern dim is replaced by the per-partition row index
+    lo, hi = _span(t.shape[1:], t._strides[1:], t._offset)
+    lim = (limit_elems - 1 - hi) // ind.mult + 1 if ind.mult else 0
+    rows = index_values(ctx, ind.index, "vector", t.shape[0], max(lim, 0), t._st.label, where)
+    row_ok = (rows * ind.mult + lo >= 0) & (rows * ind.mult + hi < limit_elems)
+    valid = None
+    if not row_ok.all():
+        if mode is not oob_mode.skip:
+            bad = int(rows[~row_ok][0])
+            raise NkiValidationError(
+                f"{op}: runtime vector_offset index {bad} (x{ind.mult} elements) is outside tensor '{t._st.label}' "
+                f"of shape {t._st.shape} (oob_mode.error)",
+                rule="out-of-bounds",
+                location=where(),
+            )
+        valid = row_ok
+    addr = None
+    if not ctx.shape_only and t._st.buf is not None:
+        inner = grid(t.shape[1:], t._strides[1:], t._offset)
+        shape_b = (t.shape[0],) + (1,) * (len(t.shape) - 1)
+        addr = inner[None, ...] + (rows * ind.mult).reshape(shape_b)
+        if valid is not None:
+            addr = np.where(valid.reshape(shape_b), addr, 0)
+    return Resolved(addr=addr, valid=valid)
+
+
+# ---------------------------------------------------------------------------- read / write
+
+
+def read(ctx, t: NkiTensor, res: Resolved | None = None) -> np.ndarray:
+    """Values of a view in its storage dtype (a view or a copy; never written through)."""
+    if t._ind is None:
+        return np_view(t)
+    assert res is not None
+    if res.view is not None:
+        return np_view(res.view)
+    return t._st.flat(t.dtype)[res.addr]
+
+
+def read_f32(ctx, t: NkiTensor) -> np.ndarray:
+    v = read(ctx, t)
+    if t.dtype.is_packed:
+        raise NkiValidationError(f"cannot compute on packed dtype {t.dtype.name}", rule="dtype", location=ctx.where())
+    return dt.to_f32(v)
+
+
+def write(ctx, t: NkiTensor, values: np.ndarray, res: Resolved | None = None) -> None:
+    """Write values (any numeric dtype; converted with rounding on write) into a view."""
+    vals = values if values.dtype == t.dtype.np and t.dtype is not dt.tfloat32 else dt.cast_to(values, t.dtype)
+    if vals.shape != t.shape:
+        vals = vals.reshape(t.shape)
+    if t._ind is None:
+        np_view(t)[...] = vals
+        return
+    assert res is not None
+    if res.skip:
+        return
+    if res.view is not None:
+        np_view(res.view)[...] = vals
+        return
+    flat = t._st.flat(t.dtype)
+    if res.valid is None:
+        flat[res.addr] = vals
+    else:
+        flat[res.addr[res.valid]] = vals[res.valid]
+
+
+# ---------------------------------------------------------------------------- geometry
+
+
+@dataclass
+class Geo:
+    """Partition geometry of an on-chip view."""
+
+    start_partition: int
+    partitions: int
+    partition_stride_ok: bool
+    free_lo: int  # byte range within a partition
+    free_hi: int
+    free_elems: int
+
+
+def geometry(t: NkiTensor) -> Geo:
+    st = t._st
+    isz = t.dtype.itemsize
+    fb = st.free_bytes or 1
+    byte_off = t._offset * isz
+    p0 = byte_off // fb
+    f0 = byte_off % fb
+    parts = t.shape[0] if t.shape else 1
+    stride_ok = parts <= 1 or t._strides[0] * isz == fb
+    lo = hi = f0
+    for n, s in zip(t.shape[1:], t._strides[1:]):
+        if n > 1:
+            d = (n - 1) * s * isz
+            if d < 0:
+                lo += d
+            else:
+                hi += d
+    free_elems = 1
+    for n in t.shape[1:]:
+        free_elems *= n
+    if t._ind is not None and t._ind.kind == "vector":
+        stride_ok = True
+    return Geo(st.start_partition + p0, parts, stride_ok, lo, hi + isz, free_elems)
+
+
+def merged_dims(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(count, stride) pairs after dropping size-1 dims and merging contiguous neighbours."""
+    dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    out: list[tuple[int, int]] = []
+    for n, s in reversed(dims):
+        if out and s == out[-1][0] * out[-1][1]:
+            cn, cs = out[-1]
+            out[-1] = (cn * n, cs)
+        else:
+            out.append((n, s))
+    return list(reversed(out))
+
+
+def contiguous_run(t: NkiTensor, on_chip: bool) -> int:
+    """Elements per contiguous run (within one partition for on-chip views)."""
+    shape, strides = t.shape, t._strides
+    if on_chip or (t._ind is not None and t._ind.kind == "vector"):
+        shape, strides = shape[1:], strides[1:]
+    run = 1
+    for n, s in reversed(list(zip(shape, strides))):
+        if n == 1:
+            continue
+        if s == run:
+            run *= n
+        else:
+            break
+    return max(run, 1)
+
+
+def view_span(t: NkiTensor) -> tuple[int, int]:
+    return extent(t)

@@ -1,0 +1,137 @@
+"""Tensor allocation (``nl.ndarray`` and friends) with on-chip capacity accounting.
+
+* SBUF/PSUM tensors are private to a program; their bytes per partition are charged to the program's
+  accountant until the storage dies (last reference dropped) — see :mod:`fusegraph.nkisim.memory`.
+* ``shared_hbm`` tensors are shared by the programs of an LNC=2 launch: both programs run the same code,
+  so the n-th allocation with the same (name, shape, dtype) in each program is the same tensor.
+* Fresh memory holds the official sentinels (NaN / 4); shape-only runs allocate no data at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import dtypes as dt
+from .context import ProgramContext
+from .enums import MemoryRegion, require_buffer
+from .errors import NkiValidationError
+from .storage import Storage, sentinel_buffer
+from .tensor import NkiTensor
+
+
+def _shape(ctx: ProgramContext, shape: Any, where: str) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    try:
+        out = tuple(int(s) for s in shape)
+        ok = all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in shape)
+    except TypeError:
+        ok = False
+        out = ()
+    if not ok or not out or any(s <= 0 for s in out):
+        raise NkiValidationError(f"shape must be a non-empty tuple of positive ints, got {shape!r}", rule="shape",
+                                 location=where)
+    return out
+
+
+def allocate(
+    ctx: ProgramContext,
+    shape: Sequence[int],
+    dtype: Any,
+    buffer: Any,
+    name: str = "",
+    address: Any = None,
+    *,
+    api: str = "nl.ndarray",
+    fill: Any = None,
+) -> NkiTensor:
+    """Allocate a tensor; ``fill=None`` means sentinel-filled (uninitialised) memory."""
+    where = ctx.where()
+    buf_kind = require_buffer(buffer, "buffer", api)
+    shp = _shape(ctx, shape, where)
+    d = dt.get(dtype)
+    if name is None:  # nki-library passes name=None; treated like the default ''
+        name = ""
+    if not isinstance(name, str):
+        raise NkiValidationError(f"{api}: name must be a string, got {name!r}", rule="shape", location=where)
+    what = f"{api}({shp}, {d.name}, {buf_kind.name}{', ' + repr(name) if name else ''})"
+    manual = address is not None
+    start_partition = 0
+    if manual:
+        if not buf_kind.on_chip:
+            raise NkiValidationError(f"{what}: address= is only valid for SBUF/PSUM tensors", rule="buffer",
+                                     location=where)
+        try:
+            p_off, f_off = (int(address[0]), int(address[1]))
+        except (TypeError, ValueError, IndexError):
+            raise NkiValidationError(f"{what}: address must be (partition_offset, free_byte_offset), got {address!r}",
+                                     rule="shape", location=where) from None
+        if p_off < 0 or f_off < 0:
+            raise NkiValidationError(f"{what}: negative address {address!r}", rule="shape", location=where)
+        start_partition = p_off
+    if buf_kind.on_chip:
+        if shp[0] > 128:
+            raise NkiValidationError(
+                f"{what}: partition dimension {shp[0]} exceeds maximum 128", rule="partition-dim", location=where
+            )
+        if start_partition + shp[0] > 128:
+            raise NkiValidationError(
+                f"{what}: partitions [{start_partition}, {start_partition + shp[0]}) exceed the 128 partitions",
+                rule="partition-dim",
+                location=where,
+            )
+
+    run = ctx.run
+    ctx.alloc_seq += 1
+    label = name or f"{buf_kind.name}#{ctx.alloc_seq}"
+    if buf_kind is MemoryRegion.shared_hbm:
+        with run.lock:
+            seq_key = (name, shp, d.name)
+            counts = ctx.shared_counts
+            n = counts.get(seq_key, 0)
+            counts[seq_key] = n + 1
+            key = (ctx.rank, name, shp, d.name, n)
+            st = run.shared_allocs.get(key)
+            if st is None:
+                st = Storage(
+                    shp, d, buf_kind, buf=None if ctx.shape_only else _fresh(shp, d, fill), name=name,
+                    label=label, kind="internal", program=ctx.program_id,
+                )
+                if run.lnc > 1:
+                    run.shared_allocs[key] = st
+        return NkiTensor.full(st)
+
+    st = Storage(
+        shp,
+        d,
+        buf_kind,
+        buf=None if ctx.shape_only else _fresh(shp, d, fill),
+        name=name,
+        label=label,
+        kind="internal",
+        start_partition=start_partition,
+        manual=manual,
+        program=ctx.program_id,
+    )
+    if buf_kind.on_chip:
+        st.mem = ctx.mem.new(
+            buf_kind.name, st.id, st.free_bytes, (start_partition, f_off) if manual else None, what, where, ctx.rec.count
+        )
+    return NkiTensor.full(st)
+
+
+def _fresh(shape: tuple[int, ...], d: dt.DType, fill: Any) -> np.ndarray:
+    n = 1
+    for s in shape:
+        n *= s
+    nbytes = n * d.itemsize
+    if fill is None:
+        return sentinel_buffer(nbytes, d)
+    buf = np.empty(nbytes, dtype=np.uint8)
+    if d.is_packed:
+        buf.fill(0)
+    else:
+        buf.view(d.np)[...] = dt.cast_to(np.asarray(fill, dtype=np.float32 if d.is_float else np.int64), d)
+    return buf

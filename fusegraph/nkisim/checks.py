@@ -1,0 +1,180 @@
+"""Shared operand checks of the ISA instructions (the hardware rules the official simulator lacks).
+
+Every failed check raises :class:`~fusegraph.nkisim.errors.NkiValidationError` naming the rule and the
+kernel ``file:line``.  Rules (identifier: meaning):
+
+``partition-dim``       partition dim (dim 0) of an on-chip operand > 128
+``start-partition``     an on-chip compute operand with >64 partitions must start at partition 0, 33-64 at 0/64,
+                        <=32 at 0/32/64/96
+``partition-alignment`` the inputs of a Vector/Scalar/GpSimd instruction with more than 32 partitions must start on
+                        the same partition; the output may start elsewhere only for <=64 partitions (cross-half /
+                        cross-quadrant movement)
+``partition-stride``    an on-chip compute operand must occupy consecutive partitions (no partition striding)
+``partition-bounds``    a free-dim access pattern leaves its partition's allocation
+``access-pattern``      more than 4 free dims after merging, a stride beyond int16 or a size beyond uint16
+``buffer``              an operand lives in a memory the instruction cannot access
+``dtype``               operand dtype not allowed by the instruction
+``shape``               operand shapes / element counts do not match the instruction's rules
+``engine``              engine restriction (e.g. GpSimd cannot access PSUM)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .access import Geo, geometry, merged_dims
+from .context import ProgramContext, current
+from .enums import MemoryRegion
+from .errors import NkiValidationError
+from .tensor import NkiTensor, check_bounds
+
+SBUF = MemoryRegion.sbuf
+PSUM = MemoryRegion.psum
+ON_CHIP = (SBUF, PSUM)
+
+MAX_PARTITIONS = 128
+MAX_FREE_DIMS = 4
+INT16_MAX = 32767
+UINT16_MAX = 65535
+
+
+def start_partition_ok(start: int, n: int) -> bool:
+    if n > 64:
+        return start == 0
+    if n > 32:
+        return start in (0, 64)
+    return start in (0, 32, 64, 96)
+
+
+class Instr:
+    """Validation/bookkeeping helper for one instruction call."""
+
+    __slots__ = ("name", "ctx")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ctx: ProgramContext = current(name)
+
+    @property
+    def data(self) -> bool:
+        return not self.ctx.shape_only
+
+    def fail(self, msg: str, rule: str) -> NkiValidationError:
+        return NkiValidationError(f"{self.name}: {msg}", rule=rule, location=self.ctx.where())
+
+    def where(self) -> str:
+        return self.ctx.where()
+
+    # ------------------------------------------------------------------ operands
+    def tensor(self, x: Any, arg: str) -> NkiTensor:
+        if not isinstance(x, NkiTensor):
+            raise self.fail(f"{arg} must be an NKI tensor, got {type(x).__name__}", "shape")
+        m = x._st.mem
+        if m is not None:
+            m.last_use = self.ctx.rec.count
+        if x._ap and x._ind is None:
+            try:
+                check_bounds(x)
+            except NkiValidationError as exc:
+                raise self.fail(f"{arg}: {exc.detail}", "out-of-bounds") from None
+        return x
+
+    def onchip(self, x: Any, arg: str, allowed: tuple[MemoryRegion, ...] = ON_CHIP, compute: bool = True) -> Geo:
+        """Validate an on-chip operand of a compute instruction and return its geometry."""
+        t = self.tensor(x, arg)
+        buf = t._st.buffer
+        if buf not in allowed:
+            names = "/".join(b.name.upper() for b in allowed)
+            raise self.fail(f"{arg} must be in {names}, got a tensor in {buf.name}", "buffer")
+        g = geometry(t)
+        if g.partitions > MAX_PARTITIONS:
+            raise self.fail(f"{arg} partition dimension {g.partitions} exceeds maximum {MAX_PARTITIONS}", "partition-dim")
+        if g.start_partition + g.partitions > MAX_PARTITIONS:
+            raise self.fail(
+                f"{arg} occupies partitions [{g.start_partition}, {g.start_partition + g.partitions}) beyond 128",
+                "partition-dim",
+            )
+        if compute and not g.partition_stride_ok:
+            raise self.fail(
+                f"{arg} strides across partitions (stride {t._strides[0]} elements); on-chip operands must occupy "
+                f"consecutive partitions",
+                "partition-stride",
+            )
+        if g.free_lo < 0 or g.free_hi > t._st.free_bytes:
+            raise self.fail(
+                f"{arg} free-dim access covers bytes [{g.free_lo}, {g.free_hi}) of a partition but its allocation "
+                f"'{t._st.label}' has {t._st.free_bytes} bytes per partition",
+                "partition-bounds",
+            )
+        if compute:
+            if not start_partition_ok(g.start_partition, g.partitions):
+                raise self.fail(
+                    f"{arg} starts at partition {g.start_partition} with {g.partitions} partitions; "
+                    f"start-partition rule: >64 partitions start at 0, 33-64 at 0 or 64, <=32 at 0/32/64/96",
+                    "start-partition",
+                )
+            dims = merged_dims(t.shape[1:], t._strides[1:])
+            if len(dims) > MAX_FREE_DIMS:
+                raise self.fail(
+                    f"{arg} needs {len(dims)} free-dim access-pattern dims after merging (max {MAX_FREE_DIMS})",
+                    "access-pattern",
+                )
+            for n, s in dims:
+                if abs(s) > INT16_MAX or n > UINT16_MAX:
+                    raise self.fail(
+                        f"{arg} free-dim access pattern [stride {s}, count {n}] exceeds the ISA limits "
+                        f"(stride int16, count uint16, in elements)",
+                        "access-pattern",
+                    )
+        return g
+
+    def align(self, inputs: list[tuple[str, Geo]], output: tuple[str, Geo] | None) -> None:
+        """Partition alignment of a Vector/Scalar/GpSimd instruction."""
+        if inputs:
+            a0, g0 = inputs[0]
+            for a, g in inputs[1:]:
+                # <=32 partitions: operands may sit in different quadrants (nki-library's qkv_tkg adds PSUM rows
+                # [32f, 32f+T) to SBUF rows [0, T)); 33-64: inputs must be aligned (nki-library's RoPE copies the
+                # upper half "for tensor_tensor base partition alignment").
+                if g.start_partition != g0.start_partition and max(g.partitions, g0.partitions) > 32:
+                    raise self.fail(
+                        f"inputs {a0} (start partition {g0.start_partition}) and {a} (start partition "
+                        f"{g.start_partition}) must start on the same partition",
+                        "partition-alignment",
+                    )
+            if output is not None:
+                a, g = output
+                if g.start_partition != g0.start_partition and g.partitions > 64:
+                    raise self.fail(
+                        f"output {a} starts at partition {g.start_partition} but input {a0} at {g0.start_partition}; "
+                        f"cross-partition movement is only possible for <=64 partitions",
+                        "partition-alignment",
+                    )
+
+    def same_partitions(self, pairs: list[tuple[str, Geo]]) -> None:
+        a0, g0 = pairs[0]
+        for a, g in pairs[1:]:
+            if g.partitions != g0.partitions:
+                raise self.fail(
+                    f"{a} has {g.partitions} partitions but {a0} has {g0.partitions}", "shape"
+                )
+
+    def same_free(self, pairs: list[tuple[str, Geo]]) -> None:
+        a0, g0 = pairs[0]
+        for a, g in pairs[1:]:
+            if g.free_elems != g0.free_elems:
+                raise self.fail(
+                    f"{a} has {g.free_elems} elements per partition but {a0} has {g0.free_elems}", "shape"
+                )
+
+    def per_partition_vector(self, x: Any, arg: str, partitions: int) -> Geo:
+        """A ``[P, 1]`` operand (scale/bias/operand0) in SBUF or PSUM."""
+        g = self.onchip(x, arg)
+        if g.partitions != partitions or g.free_elems != 1:
+            raise self.fail(
+                f"{arg} must have shape [{partitions}, 1] (one element per partition), got {x.shape}", "shape"
+            )
+        return g
+
+    def record(self, opcode: str, engine: str, partitions: int, free: int, dtype: str, name: Any) -> None:
+        self.ctx.rec.instr(self.ctx.site(), opcode, engine, partitions, free, dtype, name if isinstance(name, str) else None)

@@ -1,0 +1,125 @@
+"""Per-run and per-program interpreter state.
+
+A *run* executes one kernel launch: ``lnc`` programs (LNC=2 runs two Python threads) on each of ``ranks``
+simulated ranks.  Each program has private SBUF/PSUM accounting, engine accumulator registers and a profile
+recorder; HBM ``shared_hbm`` allocations are shared between the programs of a rank.  The current program is
+found through a thread-local, so the NKI API functions need no extra arguments.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import location
+from .errors import NkiUsageError
+from .memory import MemoryTracker
+from .profile import Recorder
+from .targets import Target
+
+_tls = threading.local()
+
+
+@dataclass
+class RunState:
+    """State shared by all programs/ranks of one kernel launch."""
+
+    target: Target
+    lnc: int
+    ranks: int
+    shape_only: bool
+    assume: Any
+    kernel_name: str
+    kernel_file: str | None
+    sbuf_budget: int
+    max_records: int
+    grid_ndim: int = 0
+    sync: Any = None  # fusegraph.nkisim.sync.SyncHub
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    shared_allocs: dict[tuple, Any] = field(default_factory=dict)
+
+
+class ProgramContext:
+    """One program (physical core) of one rank."""
+
+    def __init__(self, run: RunState, program_id: int, rank: int):
+        self.run = run
+        self.program_id = program_id
+        self.rank = rank
+        self.target = run.target
+        self.shape_only = run.shape_only
+        self.mem = MemoryTracker(run.target, run.sbuf_budget)
+        self.rec = Recorder(program_id, rank, run.max_records)
+        self.act_regs = np.zeros(128, dtype=np.float32)  # ScalarE reduce registers
+        self.vec_regs = np.zeros(128, dtype=np.float32)  # VectorE accumulator registers
+        self.shared_counts: dict[tuple, int] = {}
+        self.alloc_seq = 0
+        self.collective_seq = 0
+        self.sendrecv_seq: dict[int, int] = {}
+
+    # ---- location helpers (hot path) ----
+    def where(self, depth: int = 3) -> str:
+        return location.describe(self.run.kernel_file, depth)
+
+    def site(self, depth: int = 3) -> tuple[str, int]:
+        return location.call_site(depth)
+
+
+def current(api: str = "this NKI API") -> ProgramContext:
+    """The program executing on this thread; error if no kernel is running."""
+    ctx = getattr(_tls, "ctx", None)
+    if ctx is None:
+        raise NkiUsageError(
+            f"{api} was called outside a running kernel; call the kernel (an @nki.jit function) inside "
+            f"fusegraph.nkisim.as_nki() or through fusegraph.nkisim.run()",
+            rule="no-kernel",
+        )
+    return ctx
+
+
+def maybe_current() -> ProgramContext | None:
+    return getattr(_tls, "ctx", None)
+
+
+class activate:
+    """Context manager binding a ProgramContext to the current thread."""
+
+    def __init__(self, ctx: ProgramContext):
+        self.ctx = ctx
+        self.prev: ProgramContext | None = None
+
+    def __enter__(self) -> ProgramContext:
+        self.prev = getattr(_tls, "ctx", None)
+        _tls.ctx = self.ctx
+        return self.ctx
+
+    def __exit__(self, *exc: object) -> None:
+        _tls.ctx = self.prev
+
+
+# Session-level defaults set by as_nki() / the CLI (target and LNC of kernels launched without explicit ones).
+_session: dict[str, Any] = {"target": None, "lnc": None}
+
+
+def session_lnc() -> int | None:
+    return _session.get("lnc")
+
+
+def set_session_lnc(lnc: int | None) -> int | None:
+    prev = _session.get("lnc")
+    _session["lnc"] = lnc
+    return prev
+
+
+def session_target() -> Any:
+    return _session.get("target")
+
+
+def set_session_target(target: Any) -> Any:
+    prev = _session.get("target")
+    _session["target"] = target
+    return prev
+

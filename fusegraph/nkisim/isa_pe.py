@@ -1,0 +1,197 @@
+"""Tensor Engine instructions: nc_matmul and nc_transpose.
+
+``nc_matmul``: ``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` with K, M <= 128 and N <= 512 on trn2
+(trn3: 4096 fp32 / 8192 bf16); stationary/moving in SBUF, dst in PSUM (fp32; trn3 also bf16); fp32/tf32 inputs
+only pair with fp32/tf32.  Accumulation follows the documented rule: ``accumulate=False`` overwrites,
+``True`` adds, ``None`` decides per PSUM element — the first matmul write overwrites and later matmul writes
+add, until a non-matmul instruction writes that element.  Accumulating (``accumulate=True``) onto PSUM last
+written by a non-matmul instruction is undefined on trn2 and rejected.
+
+Tiling mode: ``tile_size=(rows, cols)`` in {32, 64, 128}, ``tile_position`` multiples of the sizes; the
+stationary/moving operands must start on partition ``start_row`` and ``dst`` on PSUM partition
+``start_col`` (PE column j writes PSUM partition j).  When only ``tile_position`` is given (as nki-library
+does) the smallest legal tile size is inferred.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import access
+from . import enums as E
+from .checks import PSUM, SBUF, Instr
+from .enums import engine, matmul_perf_mode, require_enum
+from .isa_common import mark_written, name_arg, psum_state_view
+from .storage import PSUM_MATMUL, PSUM_OTHER
+
+_FP32ISH = ("float32", "tfloat32")
+_FP8 = ("float8_e4m3", "float8_e5m2")
+_SIZES = (32, 64, 128)
+
+
+def _tiling(I: Instr, tile_position, tile_size, K: int, M: int) -> tuple[int, int, int, int, bool]:
+    pos = tuple(tile_position) if tile_position is not None else ()
+    size = tuple(tile_size) if tile_size is not None else ()
+    if not pos and not size:
+        return 0, 0, 128, 128, False
+    if size and not pos:
+        raise I.fail("tile_size is set but tile_position is not; both must be set to enable tiling mode", "matmul-tile")
+    if len(pos) != 2 or (size and len(size) != 2):
+        raise I.fail(f"tile_position and tile_size must be 2-tuples, got {tile_position!r} / {tile_size!r}",
+                     "matmul-tile")
+    r0, c0 = int(pos[0]), int(pos[1])
+    if size:
+        rs, cs = int(size[0]), int(size[1])
+    else:
+        rs = next((s for s in _SIZES if s >= K and r0 % s == 0), 0)
+        cs = next((s for s in _SIZES if s >= M and c0 % s == 0), 0)
+        if not rs or not cs:
+            raise I.fail(f"cannot infer a tile_size for tile_position {pos} with K={K}, M={M}", "matmul-tile")
+    for what, v in (("row size", rs), ("column size", cs)):
+        if v not in _SIZES:
+            raise I.fail(f"tile {what} {v} must be one of 32, 64, 128", "matmul-tile")
+    if r0 % rs or c0 % cs or not 0 <= r0 < 128 or not 0 <= c0 < 128:
+        raise I.fail(
+            f"tile_position {pos} must be multiples of tile_size ({rs}, {cs}) inside the 128x128 PE array",
+            "matmul-tile",
+        )
+    if K > rs or M > cs:
+        raise I.fail(
+            f"stationary [K={K}, M={M}] does not fit the tile ({rs} rows x {cs} columns)", "matmul-tile"
+        )
+    return r0, c0, rs, cs, True
+
+
+def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
+              accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None):
+    """dst[M, N] (+)= stationary[K, M].T @ moving[K, N] on the Tensor Engine."""
+    I = Instr("nisa.nc_matmul")
+    perf = require_enum(perf_mode, matmul_perf_mode, "perf_mode", I.name)
+    if accumulate not in (None, True, False):
+        raise I.fail(f"accumulate must be None, True or False, got {accumulate!r}", "matmul-accumulate")
+    t = I.ctx.target
+    gd = I.onchip(dst, "dst", allowed=(PSUM,))
+    gs = I.onchip(stationary, "stationary", allowed=(SBUF,))
+    gm = I.onchip(moving, "moving", allowed=(SBUF,))
+    sd, md, dd = stationary.dtype.name, moving.dtype.name, dst.dtype.name
+    double = perf is matmul_perf_mode.double_row
+    for arg, d in (("stationary", sd), ("moving", md)):
+        if d not in t.matmul_input_dtypes:
+            raise I.fail(f"{arg} dtype {d} is not a matmul input dtype on {t.name} ({', '.join(t.matmul_input_dtypes)})",
+                         "dtype")
+    if (sd in _FP32ISH) != (md in _FP32ISH):
+        raise I.fail(f"fp32/tf32 inputs must pair with fp32/tf32, got stationary {sd} and moving {md}", "dtype")
+    if is_transpose:
+        if dd != sd:
+            raise I.fail(f"transpose mode needs dst dtype == stationary dtype, got {dd} and {sd}", "dtype")
+    elif dd not in t.matmul_dst_dtypes:
+        raise I.fail(f"dst must be {' or '.join(t.matmul_dst_dtypes)} on {t.name}, got {dd}", "dtype")
+    K = gs.partitions
+    if gm.partitions != K:
+        raise I.fail(f"stationary has {K} partitions but moving has {gm.partitions} (contraction dim)", "shape")
+    if double:
+        if sd not in _FP8 or md not in _FP8:
+            raise I.fail(f"double_row perf mode needs fp8 inputs, got {sd} and {md}", "dtype")
+        if len(stationary.shape) < 2 or stationary.shape[1] != 2 or len(moving.shape) < 2 or moving.shape[1] != 2:
+            raise I.fail("double_row perf mode needs stationary [K, 2, M] and moving [K, 2, N]", "shape")
+        M = gs.free_elems // 2
+        N = gm.free_elems // 2
+    else:
+        M = gs.free_elems
+        N = gm.free_elems
+    if K > 128 or M > 128:
+        raise I.fail(f"stationary [K={K}, M={M}] exceeds 128 x 128", "shape")
+    fmax = t.matmul_moving_fmax_bf16 if dd == "bfloat16" else t.matmul_moving_fmax_fp32
+    if N > fmax:
+        raise I.fail(f"moving free size {N} exceeds {fmax} on {t.name}", "shape")
+    if gd.partitions != M or gd.free_elems != N:
+        raise I.fail(f"dst must be [{M}, {N}] (stationary free x moving free), got {dst.shape}", "shape")
+    r0, c0, _, cs, tiled = _tiling(I, tile_position, tile_size, K, M)
+    if double and tiled and cs != 128:
+        raise I.fail("double_row perf mode cannot be combined with column tiling", "matmul-tile")
+    if gs.start_partition != gm.start_partition:
+        raise I.fail(
+            f"stationary (start partition {gs.start_partition}) and moving (start partition {gm.start_partition}) "
+            f"must start on the same partition",
+            "partition-alignment",
+        )
+    if tiled and gs.start_partition != r0:
+        raise I.fail(
+            f"stationary/moving start at partition {gs.start_partition} but tile_position row is {r0}",
+            "matmul-tile",
+        )
+    if gd.start_partition != c0:
+        raise I.fail(
+            f"dst starts at PSUM partition {gd.start_partition} but the PE columns start at {c0}; set "
+            f"tile_position=(row, {gd.start_partition}) (PE column j writes PSUM partition j)",
+            "matmul-tile",
+        )
+    state = psum_state_view(dst)[..., 0].reshape(M, N)
+    if accumulate is True and not t.psum_accumulate_after_non_matmul_write and (state == PSUM_OTHER).any():
+        raise I.fail(
+            f"accumulate=True onto PSUM last written by a non-matmul instruction (memset/tensor_copy/...) is "
+            f"undefined on {t.name}",
+            "matmul-accumulate",
+        )
+    if I.data:
+        s = access.read_f32(I.ctx, stationary).reshape(K, -1)
+        m = access.read_f32(I.ctx, moving).reshape(K, -1)
+        if double:
+            s = s.reshape(K, 2, M).transpose(1, 0, 2).reshape(2 * K, M)
+            m = m.reshape(K, 2, N).transpose(1, 0, 2).reshape(2 * K, N)
+        res = _transpose_exact(s, m) if is_transpose else s.T @ m
+        if accumulate is False:
+            out = res
+        else:
+            cur = access.read_f32(I.ctx, dst).reshape(M, N)
+            out = cur + res if accumulate else np.where(state == PSUM_MATMUL, cur + res, res)
+        access.write(I.ctx, dst, out.reshape(dst.shape))
+    mark_written(dst, by_matmul=True)
+    I.record("nc_matmul", "tensor", K, N, dd, name_arg(name))
+
+
+def _transpose_exact(s: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Bit-accurate PE transpose when ``moving`` is a 0/1 selection matrix (identity); else a plain matmul."""
+    sel = m != 0
+    if np.all(sel.sum(axis=0) == 1) and np.all((m == 0) | (m == 1)):
+        rows = np.argmax(sel, axis=0)
+        return s[rows, :].T
+    return s.T @ m
+
+
+def nc_transpose(dst, data, engine=engine.unknown, name=None):
+    """2-D transpose of partition and (flattened) free axes: TensorE (<=128x128, SBUF->PSUM) or VectorE (<=32x32)."""
+    I = Instr("nisa.nc_transpose")
+    e = require_enum(engine, E.engine, "engine", I.name)
+    gd = I.onchip(dst, "dst")
+    g = I.onchip(data, "data")
+    if dst.dtype is not data.dtype:
+        raise I.fail(f"dst dtype ({dst.dtype.name}) must equal data dtype ({data.dtype.name})", "dtype")
+    P, F = g.partitions, g.free_elems
+    if gd.partitions != F or gd.free_elems != P:
+        raise I.fail(f"dst must be [{F}, {P}] for data of shape {data.shape}, got {dst.shape}", "shape")
+    use_pe = data.buffer is SBUF and dst.buffer is PSUM and P <= 128 and F <= 128
+    use_ve = P <= 32 and F <= 32
+    if e is E.engine.tensor:
+        if not use_pe:
+            raise I.fail("the Tensor Engine transposes at most [128, 128] from SBUF into PSUM", "engine")
+        use_ve = False
+    elif e is E.engine.vector:
+        if not use_ve:
+            raise I.fail("the Vector Engine transposes at most [32, 32]", "engine")
+        use_pe = False
+    elif e is not E.engine.unknown:
+        raise I.fail(f"engine={e} cannot transpose (use engine.tensor or engine.vector)", "engine")
+    if not use_pe and not use_ve:
+        raise I.fail(
+            f"data [{P}, {F}] {data.buffer.name}->{dst.buffer.name}: TensorE needs <=[128,128] SBUF->PSUM, "
+            f"VectorE needs <=[32,32]",
+            "shape",
+        )
+    if use_ve:
+        I.align([("data", g)], ("dst", gd))
+    if I.data:
+        vals = access.read(I.ctx, data)
+        access.write(I.ctx, dst, np.ascontiguousarray(np.asarray(vals).reshape(P, F).T).reshape(dst.shape))
+    mark_written(dst, by_matmul=use_pe)
+    I.record("nc_transpose", "tensor" if use_pe else "vector", P, F, dst.dtype.name, name_arg(name))

@@ -1,0 +1,111 @@
+"""Binding the names ``nki``, ``nki.language``, ``nki.isa``, ... to the interpreter.
+
+* :func:`as_nki` installs the interpreter's modules in ``sys.modules`` for the duration of a ``with`` block
+  (so unmodified third-party kernel files can ``import nki``) and restores the previous entries exactly
+  on exit: afterwards ``"nki" not in sys.modules`` unless a real ``nki`` was there before.
+* :func:`load_kernel_source` executes generated kernel source with a private ``__import__`` that resolves
+  ``nki*`` to the interpreter, never touching ``sys.modules``; the source is registered in ``linecache``
+  so tracebacks and profile line attribution show the real lines.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import linecache
+import sys
+import types
+from typing import Any, Iterator
+
+from .context import set_session_target
+from .jit import Kernel
+from .targets import get_target
+
+MODULE_NAMES = ("nki", "nki.language", "nki.isa", "nki.collectives", "nki.typing", "nki.isa.constants")
+_MARK = "__fusegraph_nkisim__"
+
+
+@functools.lru_cache(maxsize=None)
+def nki_modules() -> dict[str, types.ModuleType]:
+    """The interpreter's module objects (created once, shared by every binding)."""
+    from .api import namespaces
+
+    ns = namespaces()
+    mods: dict[str, types.ModuleType] = {}
+    for name in MODULE_NAMES:
+        m = types.ModuleType(name, f"fusegraph's CPU interpreter of {name} (NKI 0.3)")
+        m.__dict__.update(ns[name])
+        setattr(m, _MARK, True)
+        if name in ("nki", "nki.isa"):
+            m.__path__ = []  # packages, so that submodule imports work
+        mods[name] = m
+    top = mods["nki"]
+    top.language = mods["nki.language"]
+    top.isa = mods["nki.isa"]
+    top.collectives = mods["nki.collectives"]
+    top.typing = mods["nki.typing"]
+    mods["nki.isa"].constants = mods["nki.isa.constants"]
+    return mods
+
+
+def is_interpreter_module(m: Any) -> bool:
+    return isinstance(m, types.ModuleType) and getattr(m, _MARK, False)
+
+
+@contextlib.contextmanager
+def as_nki(target: str | None = "trn2") -> Iterator[types.ModuleType]:
+    """Make ``import nki`` (and ``nki.language``/``nki.isa``/``nki.collectives``/``nki.typing``) resolve to the
+    interpreter inside the block; ``target`` applies to kernels launched inside (None: env or trn2).
+
+    Yields the interpreter's ``nki`` module."""
+    tgt = get_target(target) if target is not None else None
+    mods = nki_modules()
+    saved = {name: sys.modules.get(name) for name in MODULE_NAMES}
+    prev_target = set_session_target(tgt)
+    sys.modules.update(mods)
+    try:
+        yield mods["nki"]
+    finally:
+        set_session_target(prev_target)
+        for name, old in saved.items():
+            if old is None:
+                if sys.modules.get(name) is mods[name]:
+                    del sys.modules[name]
+            else:
+                sys.modules[name] = old
+
+
+def _hooked_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+    if level == 0 and (name == "nki" or name.startswith("nki.")):
+        mods = nki_modules()
+        if name not in mods:
+            raise ModuleNotFoundError(f"No module named {name!r} in fusegraph's NKI interpreter", name=name)
+        return mods[name] if fromlist else mods["nki"]
+    return builtins.__import__(name, globals, locals, fromlist, level)
+
+
+def register_source(source: str, filename: str) -> None:
+    """Put ``source`` into linecache under ``filename`` (kept until replaced)."""
+    lines = source.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    linecache.cache[filename] = (len(source), None, lines, filename)
+
+
+def load_kernel_source(source: str, filename: str, target: str = "trn2") -> dict:
+    """Execute kernel source with ``nki*`` bound to the interpreter and return its namespace.
+
+    No ``nki`` module is added to ``sys.modules``.  ``@nki.jit`` kernels defined by the source run on
+    ``target`` unless a run overrides it: ``ns[kernel_name](*numpy_arrays)``."""
+    tgt = get_target(target)
+    register_source(source, filename)
+    bi = dict(builtins.__dict__)
+    bi["__import__"] = _hooked_import
+    ns: dict[str, Any] = {"__name__": "__nki_kernel__", "__file__": filename, "__builtins__": bi}
+    code = compile(source, filename, "exec")
+    exec(code, ns)
+    for v in list(ns.values()):
+        if isinstance(v, Kernel) and getattr(v.func, "__globals__", None) is ns:
+            v.default_target = tgt
+    return ns

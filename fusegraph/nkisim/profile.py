@@ -1,0 +1,346 @@
+"""Per-run profile: instruction/element counters per engine, DMA traffic, HBM bytes, SBUF/PSUM peaks.
+
+The recorder is on the hot path of every instruction, so it aggregates by ``(file, line, opcode)`` and keeps
+only a bounded list of individual instruction records.  :meth:`Profile.to_dict` is JSON-serialisable.
+Nothing here models time: counts and bytes are what later cost models attribute time to.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+
+DEFAULT_MAX_RECORDS = 2000
+
+
+@dataclass
+class EngineStats:
+    instructions: int = 0
+    elements: int = 0
+
+
+@dataclass
+class SiteStats:
+    """All instructions issued from one kernel source line with one opcode."""
+
+    file: str
+    line: int
+    opcode: str
+    engine: str
+    count: int = 0
+    elements: int = 0
+    max_partitions: int = 0
+    max_free: int = 0
+    dtypes: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DmaStats:
+    """All DMAs issued from one source line with the same endpoints/queue/mode."""
+
+    file: str
+    line: int
+    opcode: str
+    src_buffer: str
+    dst_buffer: str
+    src_tensor: str
+    dst_tensor: str
+    queue: str
+    dge_mode: str
+    count: int = 0
+    bytes: int = 0
+    descriptors: int = 0
+    partitions: int = 0
+    bytes_per_partition: int = 0
+    max_bytes: int = 0
+
+
+@dataclass
+class InstructionRecord:
+    index: int
+    program: int
+    rank: int
+    opcode: str
+    engine: str
+    partitions: int
+    free: int
+    elements: int
+    dtype: str
+    name: str
+    file: str
+    line: int
+
+
+@dataclass
+class TensorTraffic:
+    kind: str  # "input", "output", "internal"
+    read_bytes: int = 0
+    write_bytes: int = 0
+
+
+@dataclass
+class Profile:
+    """Counters of one kernel run (all programs and ranks together unless stated)."""
+
+    kernel: str = ""
+    target: str = ""
+    lnc: int = 1
+    ranks: int = 1
+    shape_only: bool = False
+    sbuf_budget_bytes: int = 0
+    wall_time_s: float = 0.0
+    engines: dict[str, EngineStats] = field(default_factory=lambda: {e: EngineStats() for e in ENGINES})
+    instructions: int = 0
+    dma_count: int = 0
+    dma_bytes: int = 0
+    dma_descriptors: int = 0
+    hbm_read_bytes: int = 0
+    hbm_write_bytes: int = 0
+    hbm_by_tensor: dict[str, TensorTraffic] = field(default_factory=dict)
+    peak_sbuf_bytes_per_partition: int = 0
+    peak_psum_bytes_per_partition: int = 0
+    peak_psum_banks: int = 0
+    peak_by_program: list[dict[str, int]] = field(default_factory=list)
+    sites: list[SiteStats] = field(default_factory=list)
+    dmas: list[DmaStats] = field(default_factory=list)
+    records: list[InstructionRecord] = field(default_factory=list)
+    records_dropped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def engine(self, name: str) -> EngineStats:
+        return self.engines[name]
+
+    def counters(self) -> dict[str, Any]:
+        """The data-independent counters (used to compare shape-only and data runs)."""
+        return {
+            "engines": {k: (v.instructions, v.elements) for k, v in self.engines.items()},
+            "instructions": self.instructions,
+            "dma_count": self.dma_count,
+            "dma_bytes": self.dma_bytes,
+            "dma_descriptors": self.dma_descriptors,
+            "hbm_read_bytes": self.hbm_read_bytes,
+            "hbm_write_bytes": self.hbm_write_bytes,
+            "hbm_by_tensor": {k: asdict(v) for k, v in sorted(self.hbm_by_tensor.items())},
+            "peak_sbuf_bytes_per_partition": self.peak_sbuf_bytes_per_partition,
+            "peak_psum_bytes_per_partition": self.peak_psum_bytes_per_partition,
+            "sites": sorted((s.file, s.line, s.opcode, s.count, s.elements) for s in self.sites),
+        }
+
+    def summary(self) -> str:
+        lines = [
+            f"kernel {self.kernel} on {self.target} (lnc={self.lnc}, ranks={self.ranks}, shape_only={self.shape_only}): "
+            f"{self.instructions} instructions in {self.wall_time_s:.3f}s"
+        ]
+        for name, st in self.engines.items():
+            lines.append(f"  {name:7s} {st.instructions:9d} instr {st.elements:14d} elements")
+        lines.append(
+            f"  DMA: {self.dma_count} transfers, {self.dma_bytes} bytes, ~{self.dma_descriptors} descriptors; "
+            f"HBM read {self.hbm_read_bytes} B, write {self.hbm_write_bytes} B"
+        )
+        lines.append(
+            f"  peak SBUF {self.peak_sbuf_bytes_per_partition} B/partition (budget {self.sbuf_budget_bytes}), "
+            f"peak PSUM {self.peak_psum_bytes_per_partition} B/partition ({self.peak_psum_banks} banks)"
+        )
+        return "\n".join(lines)
+
+
+class Recorder:
+    """Collects counters for one program of one rank; merged into a :class:`Profile` at the end of a run."""
+
+    __slots__ = (
+        "program",
+        "rank",
+        "engines",
+        "sites",
+        "dmas",
+        "records",
+        "max_records",
+        "dropped",
+        "count",
+        "hbm",
+        "dma_count",
+        "dma_bytes",
+        "dma_desc",
+    )
+
+    def __init__(self, program: int = 0, rank: int = 0, max_records: int = DEFAULT_MAX_RECORDS):
+        self.program = program
+        self.rank = rank
+        self.engines: dict[str, list[int]] = {e: [0, 0] for e in ENGINES}
+        self.sites: dict[tuple, list] = {}
+        self.dmas: dict[tuple, list] = {}
+        self.records: list[InstructionRecord] = []
+        self.max_records = max_records
+        self.dropped = 0
+        self.count = 0
+        self.hbm: dict[str, list] = {}  # label -> [kind, read, write]
+        self.dma_count = 0
+        self.dma_bytes = 0
+        self.dma_desc = 0
+
+    def instr(
+        self,
+        site: tuple[str, int],
+        opcode: str,
+        engine: str,
+        partitions: int,
+        free: int,
+        dtype: str,
+        name: str | None,
+    ) -> None:
+        elements = partitions * free
+        e = self.engines[engine]
+        e[0] += 1
+        e[1] += elements
+        key = (site[0], site[1], opcode, engine)
+        s = self.sites.get(key)
+        if s is None:
+            s = self.sites[key] = [0, 0, 0, 0, set(), set()]
+        s[0] += 1
+        s[1] += elements
+        if partitions > s[2]:
+            s[2] = partitions
+        if free > s[3]:
+            s[3] = free
+        s[4].add(dtype)
+        if name:
+            s[5].add(name)
+        idx = self.count
+        self.count += 1
+        if len(self.records) < self.max_records:
+            self.records.append(
+                InstructionRecord(
+                    idx, self.program, self.rank, opcode, engine, partitions, free, elements, dtype, name or "",
+                    site[0], site[1],
+                )
+            )
+        else:
+            self.dropped += 1
+
+    def dma(
+        self,
+        site: tuple[str, int],
+        opcode: str,
+        src: tuple[str, str],
+        dst: tuple[str, str],
+        queue: str,
+        dge: str,
+        nbytes: int,
+        partitions: int,
+        descriptors: int,
+    ) -> None:
+        self.dma_count += 1
+        self.dma_bytes += nbytes
+        self.dma_desc += descriptors
+        key = (site[0], site[1], opcode, src[0], dst[0], src[1], dst[1], queue, dge)
+        d = self.dmas.get(key)
+        if d is None:
+            d = self.dmas[key] = [0, 0, 0, 0, 0, 0]
+        d[0] += 1
+        d[1] += nbytes
+        d[2] += descriptors
+        d[3] = max(d[3], partitions)
+        d[4] = max(d[4], nbytes // max(partitions, 1))
+        d[5] = max(d[5], nbytes)
+
+    def hbm_traffic(self, label: str, kind: str, read: int = 0, write: int = 0) -> None:
+        t = self.hbm.get(label)
+        if t is None:
+            t = self.hbm[label] = [kind, 0, 0]
+        t[1] += read
+        t[2] += write
+
+
+_lock = threading.Lock()
+_last: Profile | None = None
+
+
+_listeners: list = []
+
+
+def add_listener(fn) -> None:
+    """Call ``fn(profile)`` after every kernel run (used by the CLI to collect all profiles)."""
+    with _lock:
+        _listeners.append(fn)
+
+
+def remove_listener(fn) -> None:
+    with _lock:
+        if fn in _listeners:
+            _listeners.remove(fn)
+
+
+def set_last(profile: Profile) -> None:
+    global _last
+    with _lock:
+        _last = profile
+        listeners = list(_listeners)
+    for fn in listeners:
+        fn(profile)
+
+
+def last_profile() -> Profile:
+    """Profile of the most recent kernel run in this process."""
+    with _lock:
+        if _last is None:
+            raise LookupError("no NKI kernel has been run yet")
+        return _last
+
+
+def merge(recorders: list[Recorder], profile: Profile) -> Profile:
+    """Fold per-program recorders into ``profile`` (in place) and return it."""
+    sites: dict[tuple, SiteStats] = {}
+    dmas: dict[tuple, DmaStats] = {}
+    records: list[InstructionRecord] = []
+    for r in recorders:
+        for eng, (n, el) in r.engines.items():
+            st = profile.engines[eng]
+            st.instructions += n
+            st.elements += el
+        profile.instructions += r.count
+        profile.dma_count += r.dma_count
+        profile.dma_bytes += r.dma_bytes
+        profile.dma_descriptors += r.dma_desc
+        for (file, line, opcode, engine), (cnt, el, mp, mf, dts, nms) in r.sites.items():
+            key = (file, line, opcode, engine)
+            s = sites.get(key)
+            if s is None:
+                s = sites[key] = SiteStats(file, line, opcode, engine)
+            s.count += cnt
+            s.elements += el
+            s.max_partitions = max(s.max_partitions, mp)
+            s.max_free = max(s.max_free, mf)
+            s.dtypes = sorted(set(s.dtypes) | dts)
+            s.names = sorted(set(s.names) | nms)[:16]
+        for key, (cnt, nb, desc, parts, bpp, mx) in r.dmas.items():
+            d = dmas.get(key)
+            if d is None:
+                file, line, opcode, sb, db, sl, dl, q, dge = key
+                d = dmas[key] = DmaStats(file, line, opcode, sb, db, sl, dl, q, dge)
+            d.count += cnt
+            d.bytes += nb
+            d.descriptors += desc
+            d.partitions = max(d.partitions, parts)
+            d.bytes_per_partition = max(d.bytes_per_partition, bpp)
+            d.max_bytes = max(d.max_bytes, mx)
+        for label, (kind, rd, wr) in r.hbm.items():
+            t = profile.hbm_by_tensor.get(label)
+            if t is None:
+                t = profile.hbm_by_tensor[label] = TensorTraffic(kind)
+            t.read_bytes += rd
+            t.write_bytes += wr
+            profile.hbm_read_bytes += rd
+            profile.hbm_write_bytes += wr
+        records.extend(r.records)
+        profile.records_dropped += r.dropped
+    profile.sites = sorted(sites.values(), key=lambda s: (s.file, s.line, s.opcode))
+    profile.dmas = sorted(dmas.values(), key=lambda d: (d.file, d.line, d.opcode))
+    records.sort(key=lambda rec: (rec.rank, rec.program, rec.index))
+    profile.records = records
+    return profile

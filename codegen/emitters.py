@@ -1,0 +1,354 @@
+"""One emitter per instruction kind: compute tile sizes and names, render the template, declare weight chunks.
+
+An emitter returns :class:`Emitted`: code pieces (strings and :class:`~.stream.ChunkUse` markers) plus the SBUF
+scratch it needs per partition and the PSUM banks it holds at once, which the budget check adds up.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from . import ir
+from .errors import CodegenError
+from .layout import PMAX, Layout
+from .render import ACTIVATIONS, nl_dtype, render
+from .stream import Chunk, ChunkUse
+
+IND = 4  # kernel body indentation
+PSUM_FREE_FP32 = 512  # one 2 KiB PSUM bank of fp32 per partition
+MOVING_MAX = 512
+
+
+@dataclass
+class Emitted:
+    pieces: list = field(default_factory=list)
+    sbuf: int = 0  # scratch bytes per partition
+    psum_banks: int = 0
+
+    def code(self, template: str, **ctx) -> None:
+        self.pieces.append(render(template, indent=IND, **ctx))
+
+
+@dataclass
+class Context:
+    tokens: int
+    layouts: dict[str, Layout]
+    target: str
+    chunk_bytes: int
+    consts: dict[str, str]  # constant role -> SBUF variable
+    inputs: dict[str, str]  # per-step input role -> SBUF variable (ids, kv index, cos/sin, mask)
+    specs: dict = field(default_factory=dict)  # kernel argument name -> bind.ArgSpec (kernel shapes/dtypes)
+
+    def shape(self, v: ir.Value) -> tuple[int, ...]:
+        return tuple(self.specs[v.name].shape) if v.name in self.specs else tuple(v.shape)
+
+    def kdtype(self, v: ir.Value) -> torch.dtype:
+        return self.specs[v.name].dtype if v.name in self.specs else v.dtype
+
+    def var(self, v: ir.Value) -> str:
+        return f"x_{v.name}" if v.kind in (ir.ValueKind.ACT, ir.ValueKind.ROUTING) else v.name
+
+    def layout(self, v: ir.Value) -> Layout:
+        return self.layouts[v.name]
+
+
+def _inst_name(ins: ir.Instruction) -> str:
+    tail = (ins.module or ins.opcode).rsplit(".", 1)[-1]
+    prefix = f"L{ins.layer}" if ins.layer is not None else "top"
+    return f"{prefix}.{tail}.{ins.opcode}"
+
+
+def _aten(ins: ir.Instruction) -> str:
+    return ins.pattern or ins.opcode
+
+
+def _bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+EMITTERS: dict[type, Callable[[ir.Instruction, Context, int], Emitted]] = {}
+
+
+def emitter(cls: type) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        EMITTERS[cls] = fn
+        return fn
+
+    return deco
+
+
+def emit(ins: ir.Instruction, ctx: Context, index: int) -> Emitted:
+    fn = EMITTERS.get(type(ins))
+    if fn is None:
+        raise CodegenError(f"no NKI template for instruction {ins.opcode}")
+    return fn(ins, ctx, index)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+@emitter(ir.Embed)
+def _embed(ins: ir.Embed, ctx: Context, i: int) -> Emitted:
+    lay = ctx.layout(ins.out)
+    H = ins.table.shape[1]
+    if lay.pmajor:
+        pattern = [[lay.FT, lay.P], [1, lay.FT]]
+    else:
+        pattern = [[1, lay.P], [lay.P, lay.FT]]
+    e = Emitted(sbuf=lay.FT * ctx.tokens * _bytes(ins.out.dtype) + 4 * ctx.tokens)
+    assert lay.features == H
+    e.code("embed.j2", module=ins.module or "embed_tokens", aten=_aten(ins), name=_inst_name(ins), T=ctx.tokens,
+           ids=f"ids_{ins.out.name}", ids_hbm=ctx.var(ins.ids), out=ctx.var(ins.out), P=lay.P, FT=lay.FT,
+           dtype=nl_dtype(ins.out.dtype), table=ctx.var(ins.table), pattern=pattern)
+    return e
+
+
+@emitter(ir.RMSNorm)
+def _rmsnorm(ins: ir.RMSNorm, ctx: Context, i: int) -> Emitted:
+    lay = ctx.layout(ins.x)
+    T = ctx.tokens
+    per_head = ins.group != ins.x.features
+    if per_head and lay.P != ins.group:
+        raise CodegenError(f"per-head norm over {ins.group} features needs them on partitions (layout has {lay.P})")
+    if per_head and lay.FT * T > PSUM_FREE_FP32:
+        raise CodegenError(f"per-head norm of {lay.FT} heads x {T} tokens exceeds one PSUM bank")
+    v = ctx.var(ins.out)
+    e = Emitted(sbuf=lay.FT * T * (4 + 2 * _bytes(ins.x.dtype)) + 4 * T * (lay.FT if per_head else 1), psum_banks=1)
+    weight = None
+    if ins.weight is not None:
+        # per-head norms scale by a per-partition fp32 scalar ([D, 1]); hidden norms multiply by a [P, FT] tile
+        shape, dt = ctx.shape(ins.weight), ctx.kdtype(ins.weight)
+        chunk = Chunk(shape=shape, dtype=nl_dtype(dt), src=ctx.var(ins.weight), name=f"{_inst_name(ins)}.w",
+                      earliest=0, nbytes_per_partition=shape[-1] * _bytes(dt))
+        e.pieces.append(ChunkUse(chunk, i))
+        weight = chunk.token
+    e.code("rmsnorm.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), per_head=per_head,
+           P=lay.P, FT=lay.FT, T=T, x=ctx.var(ins.x), out=v, sq=f"{v}_sq", ss=f"{v}_ss", rstd=f"{v}_rstd",
+           xn=f"{v}_xn", ones=ctx.consts["ones"], eps=repr(float(ins.eps)), inv_n=repr(1.0 / ins.group),
+           weight=weight,
+           xdtype=nl_dtype(ins.x.dtype), dtype=nl_dtype(ins.out.dtype))
+    return e
+
+
+def _linear_chunks(n_total: int, per_nt_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    per = max(1, chunk_bytes // max(1, per_nt_bytes))
+    return [(n0, min(n_total, n0 + per)) for n0 in range(0, n_total, per)]
+
+
+def linear_pieces(e: Emitted, *, name: str, x: str, tok: str, out: str, w_hbm: str, w_src: Callable[[int, int], str],
+                  Pk: int, KT: int, Pn: int, NT: int, T: int, wdtype: torch.dtype, chunk_bytes: int, earliest: int,
+                  index: int, bias: str | None = None, out_tok: str = ":") -> None:
+    """Chunked weight-stationary matmuls: out[:, nt, tok] = sum_kt W[:, nt, kt, :]^T x[:, kt, tok]."""
+    if Pn > PMAX or Pk > PMAX:
+        raise CodegenError(f"linear tile {Pk}x{Pn} exceeds {PMAX} partitions")
+    if T > PSUM_FREE_FP32:
+        raise CodegenError(f"{T} tokens exceed one PSUM bank per output chunk")
+    per_nt = KT * Pn * _bytes(wdtype)
+    for n0, n1 in _linear_chunks(NT, per_nt, chunk_bytes):
+        chunk = Chunk(shape=(Pk, n1 - n0, KT, Pn), dtype=nl_dtype(wdtype), src=w_src(n0, n1), name=f"{name}.w{n0}",
+                      earliest=earliest, nbytes_per_partition=(n1 - n0) * per_nt)
+        e.pieces.append(ChunkUse(chunk, index))
+        e.code("linear_chunk.j2", n=n1 - n0, n0=n0, ps=f"{out}_ps", Pn=Pn, T=T, KT=KT, w=chunk.token, x=x, tok=tok,
+               out=out, name=name, bias=bias, out_tok=out_tok)
+    e.psum_banks = max(e.psum_banks, 1)
+
+
+@emitter(ir.Linear)
+def _linear(ins: ir.Linear, ctx: Context, i: int) -> Emitted:
+    li, lo = ctx.layout(ins.x), ctx.layout(ins.out)
+    T = ctx.tokens
+    N, K = ins.out.features, ins.x.features
+    e = Emitted(sbuf=lo.FT * T * _bytes(ins.out.dtype))
+    name = _inst_name(ins)
+    out = ctx.var(ins.out)
+    e.code("linear_open.j2", module=ins.module or "", aten=_aten(ins), N=N, K=K, out=out, Pn=lo.P, NT=lo.FT, T=T,
+           dtype=nl_dtype(ins.out.dtype), name=name,
+           nchunks=len(_linear_chunks(lo.FT, li.FT * lo.P * _bytes(ins.weight.dtype), ctx.chunk_bytes)))
+    w = ctx.var(ins.weight)
+    bias = None
+    if ins.bias is not None:
+        shape, dt = ctx.shape(ins.bias), ctx.kdtype(ins.bias)
+        chunk = Chunk(shape=shape, dtype=nl_dtype(dt), src=ctx.var(ins.bias), name=f"{name}.b", earliest=0,
+                      nbytes_per_partition=shape[-1] * _bytes(dt))
+        e.pieces.append(ChunkUse(chunk, i))
+        bias = chunk.token
+    linear_pieces(e, name=name, x=ctx.var(ins.x), tok=":", out=out, w_hbm=w,
+                  w_src=lambda n0, n1: f"{w}[:, {n0}:{n1}, :, :]", Pk=li.P, KT=li.FT, Pn=lo.P, NT=lo.FT, T=T,
+                  wdtype=ins.weight.dtype, chunk_bytes=ctx.chunk_bytes, earliest=0, index=i, bias=bias)
+    return e
+
+
+@emitter(ir.Rope)
+def _rope(ins: ir.Rope, ctx: Context, i: int) -> Emitted:
+    lay = ctx.layout(ins.x)
+    T = ctx.tokens
+    if lay.FT * T > PSUM_FREE_FP32:
+        raise CodegenError(f"RoPE over {lay.FT} heads x {T} tokens exceeds one PSUM bank")
+    v = ctx.var(ins.out)
+    e = Emitted(sbuf=3 * lay.FT * T * _bytes(ins.out.dtype), psum_banks=1)
+    e.code("rope.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), P=lay.P, FT=lay.FT, T=T,
+           rot=f"{v}_rot", rotation=ctx.consts[f"rotation:{lay.P}:{ins.x.dtype}"], x=ctx.var(ins.x),
+           a=f"{v}_a", b=f"{v}_b", out=v, dtype=nl_dtype(ins.out.dtype),
+           cos=ctx.inputs[f"cos:{lay.FT}"], sin=ctx.inputs[f"sin:{lay.FT}"])
+    return e
+
+
+@emitter(ir.KVWrite)
+def _kv_write(ins: ir.KVWrite, ctx: Context, i: int) -> Emitted:
+    B, H, L, D = ins.cache.shape
+    if B != ctx.tokens:
+        raise CodegenError(f"KV cache batch {B} != {ctx.tokens} decode tokens (multi-token steps are not supported)")
+    e = Emitted()
+    e.code("kv_write.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), T=ctx.tokens, D=D, H=H, L=L,
+           cache=ctx.var(ins.cache), index=ctx.inputs["kv_index"], value=ctx.var(ins.value))
+    return e
+
+
+def _tiles(n: int, size: int) -> list[tuple[int, int, bool]]:
+    return [(s, min(size, n - s), s == 0) for s in range(0, n, size)]
+
+
+@emitter(ir.Attention)
+def _attention(ins: ir.Attention, ctx: Context, i: int) -> Emitted:
+    B, Hkv, L, D = ins.k_cache.shape
+    Hq = ins.q.features // D
+    G = ins.groups
+    T = ctx.tokens
+    if Hq != Hkv * G:
+        raise CodegenError(f"{Hq} query heads are not {Hkv} kv heads x {G}")
+    if G > PMAX or D > PMAX:
+        raise CodegenError(f"attention group {G} or head size {D} exceeds {PMAX} partitions")
+    v = ctx.var(ins.out)
+    kvb = _bytes(ins.k_cache.dtype)
+    qb = _bytes(ins.q.dtype)
+    e = Emitted(sbuf=L * kvb + L * (4 + 4 + qb) + (L * _bytes(ins.mask.dtype)) + 2 * D * kvb + Hq * T * qb,
+                psum_banks=3)
+    exact = ins.q.dtype != torch.float32  # bf16: round like the eager ops do (matmul, *scale, +mask each round)
+    e.code("attention.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), D=D, Hq=Hq, Hkv=Hkv, G=G,
+           L=L, T=T, out=v, dtype=nl_dtype(ins.out.dtype), kv_dtype=nl_dtype(ins.k_cache.dtype),
+           mask=f"{v}_mask", mask_hbm=ctx.var(ins.mask), mask_dtype=nl_dtype(ins.mask.dtype),
+           kT=f"{v}_kT", kn=f"{v}_kn", kps=f"{v}_kps", s=f"{v}_s", sps=f"{v}_sps", negmax=f"{v}_negmax",
+           e=f"{v}_e", ssum=f"{v}_ssum", rsum=f"{v}_rsum", p=f"{v}_p", ops=f"{v}_ops", pTps=f"{v}_pTps",
+           pT=f"{v}_pT", vn=f"{v}_vn", q=ctx.var(ins.q), k_cache=ctx.var(ins.k_cache), v_cache=ctx.var(ins.v_cache),
+           tiles=_tiles(L, PMAX), chunks=[(c, s) for c, s, _ in _tiles(L, MOVING_MAX)], scale=repr(float(ins.scale)),
+           exact_rounding=exact, score_dtype=nl_dtype(ins.q.dtype if exact else torch.float32))
+    return e
+
+
+@emitter(ir.Add)
+def _add(ins: ir.Add, ctx: Context, i: int) -> Emitted:
+    lay = ctx.layout(ins.out)
+    e = Emitted(sbuf=lay.FT * ctx.tokens * _bytes(ins.out.dtype))
+    e.code("add.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), P=lay.P, FT=lay.FT, T=ctx.tokens,
+           out=ctx.var(ins.out), a=ctx.var(ins.a), b=ctx.var(ins.b), dtype=nl_dtype(ins.out.dtype))
+    return e
+
+
+def act_op(act: str) -> str:
+    try:
+        return ACTIVATIONS[act]
+    except KeyError:
+        raise CodegenError(f"activation {act!r} has no NKI template") from None
+
+
+@emitter(ir.GatedAct)
+def _gated(ins: ir.GatedAct, ctx: Context, i: int) -> Emitted:
+    lay = ctx.layout(ins.out)
+    v = ctx.var(ins.out)
+    e = Emitted(sbuf=2 * lay.FT * ctx.tokens * _bytes(ins.out.dtype))
+    e.code("gated_act.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), P=lay.P, FT=lay.FT,
+           T=ctx.tokens, g=f"{v}_g", out=v, gate=ctx.var(ins.gate), up=ctx.var(ins.up), act=ins.act,
+           act_op=act_op(ins.act), dtype=nl_dtype(ins.out.dtype))
+    return e
+
+
+@emitter(ir.Router)
+def _router(ins: ir.Router, ctx: Context, i: int) -> Emitted:
+    lay = ctx.layout(ins.x)
+    T = ctx.tokens
+    E = ins.weight.shape[0]
+    if not 8 <= E <= MOVING_MAX:
+        raise CodegenError(f"router over {E} experts: the max8 top-k template needs 8..{MOVING_MAX} experts")
+    if ins.top_k > 8:
+        raise CodegenError(f"top-{ins.top_k} routing: the template handles k <= 8 (one max8)")
+    v = ctx.var(ins.weights)
+    e = Emitted(sbuf=E * 4 * 3 + E * _bytes(ins.weights.dtype) + 64, psum_banks=1)
+    w = ctx.var(ins.weight)
+    chunk = Chunk(shape=ctx.shape(ins.weight), dtype=nl_dtype(ins.weight.dtype), src=w, name=f"{_inst_name(ins)}.w",
+                  earliest=0, nbytes_per_partition=lay.FT * E * _bytes(ins.weight.dtype))
+    e.pieces.append(ChunkUse(chunk, i))
+    e.code("router.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), T=T, E=E, KT=lay.FT,
+           K=ins.top_k, normalize=ins.normalize, x=ctx.var(ins.x), w=chunk.token, dtype=nl_dtype(ins.weights.dtype),
+           lps=f"{v}_lps", logits=f"{v}_logits", negmax=f"{v}_negmax", e=f"{v}_e", ssum=f"{v}_ssum",
+           rsum=f"{v}_rsum", probs=f"{v}_probs", top8=f"{v}_top8", indices=ctx.var(ins.indices), weights=v,
+           ksum=f"{v}_ksum", krs=f"{v}_krs")
+    return e
+
+
+@emitter(ir.Experts)
+def _experts(ins: ir.Experts, ctx: Context, i: int) -> Emitted:
+    lx = ctx.layout(ins.x)
+    T = ctx.tokens
+    K = ins.weights.shape[-1]
+    E = ins.gate_up.shape[0]
+    gu_shape = ctx.shape(ins.gate_up)  # [E, Pk, NTg, KT, Pg]
+    dn_shape = ctx.shape(ins.down)  # [E, Pi, NTh_out, KTi, Ph]
+    _, Pk, NTg, KT, Pg = gu_shape
+    _, Pi, NTo, KTi, Ph = dn_shape
+    if NTg % 2 or NTg // 2 != KTi or Pg != Pi:
+        raise CodegenError("experts gate/up output layout must split evenly into gate and up halves")
+    name = _inst_name(ins)
+    out = ctx.var(ins.out)
+    wb = f"{out}_wb"
+    dt = ins.out.dtype
+    e = Emitted(sbuf=lx.FT * T * (4 + _bytes(dt)) + T * K * 4 + (NTg + 2 * KTi) * _bytes(dt) + NTo * 2 * _bytes(dt),
+                psum_banks=2)
+    e.code("experts_open.j2", module=ins.module or "", aten=_aten(ins), name=name, K=K, E=E, T=T, Ph=Ph, FTh=NTo,
+           acc=f"{out}_acc", wb=wb, wbps=f"{out}_wbps", sel=ctx.consts["selectors"], weights=ctx.var(ins.weights))
+    gu, dn = ctx.var(ins.gate_up), ctx.var(ins.down)
+    idx = ctx.var(ins.indices)
+    for t in range(T):
+        for k in range(K):
+            sel = f"{idx}[{t}:{t + 1}, {k}:{k + 1}]"
+            sub = f"{name}.t{t}k{k}"
+            gu_tile = f"{out}_gu"
+            e.code("linear_open.j2", module=f"{ins.module or 'experts'} gate/up of expert idx[{t},{k}]", aten="bmm",
+                   N=NTg * Pg, K=KT * Pk, out=gu_tile, Pn=Pg, NT=NTg, T=1, dtype=nl_dtype(dt), name=sub,
+                   nchunks="streamed")
+
+            def gu_src(n0: int, n1: int, sel: str = sel) -> str:
+                return (f"{gu}.ap(pattern=[[{NTg * KT * Pg}, {Pk}], [{KT * Pg}, {n1 - n0}], [{Pg}, {KT}], [1, {Pg}]], "
+                        f"offset={n0 * KT * Pg}, scalar_offset={sel}, indirect_dim=0)")
+
+            linear_pieces(e, name=f"{sub}.gu", x=ctx.var(ins.x), tok=f"{t}:{t + 1}", out=gu_tile, w_hbm=gu,
+                          w_src=gu_src, Pk=Pk, KT=KT, Pn=Pg, NT=NTg, T=1, wdtype=ins.gate_up.dtype,
+                          chunk_bytes=ctx.chunk_bytes, earliest=i, index=i)
+            e.code("experts_combine.j2", name=sub, hact=f"{out}_ga", h=f"{out}_h", gu=gu_tile, Pg=Pg, NTh=KTi,
+                   act_op=act_op(ins.act), dtype=nl_dtype(dt))
+            y = f"{out}_y"
+            e.code("linear_open.j2", module=f"{ins.module or 'experts'} down of expert idx[{t},{k}]", aten="bmm",
+                   N=NTo * Ph, K=KTi * Pi, out=y, Pn=Ph, NT=NTo, T=1, dtype=nl_dtype(dt), name=sub, nchunks="streamed")
+
+            def dn_src(n0: int, n1: int, sel: str = sel) -> str:
+                return (f"{dn}.ap(pattern=[[{NTo * KTi * Ph}, {Pi}], [{KTi * Ph}, {n1 - n0}], [{Ph}, {KTi}], [1, {Ph}]], "
+                        f"offset={n0 * KTi * Ph}, scalar_offset={sel}, indirect_dim=0)")
+
+            linear_pieces(e, name=f"{sub}.down", x=f"{out}_h", tok="0:1", out=y, w_hbm=dn, w_src=dn_src, Pk=Pi,
+                          KT=KTi, Pn=Ph, NT=NTo, T=1, wdtype=ins.down.dtype, chunk_bytes=ctx.chunk_bytes,
+                          earliest=i, index=i)
+            e.code("experts_accumulate.j2", name=sub, yw=f"{out}_yw", y=y, wb=wb, t=t, k=k, acc=f"{out}_acc",
+                   Ph=Ph, FTh=NTo, dtype=nl_dtype(dt))
+    e.code("experts_close.j2", out=out, acc=f"{out}_acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name)
+    return e
+
+
+@emitter(ir.Store)
+def _store(ins: ir.Store, ctx: Context, i: int) -> Emitted:
+    lay = ctx.layout(ins.x)
+    F = ins.x.features
+    # partition-major: FT contiguous features per partition; chunk-major: one element per descriptor (slow)
+    pattern = [[lay.FT, lay.P], [1, lay.FT], [F, ctx.tokens]] if lay.pmajor else [[1, lay.P], [lay.P, lay.FT], [F, ctx.tokens]]
+    e = Emitted()
+    e.code("store.j2", what=ins.dst.name, T=ctx.tokens, F=F, P=lay.P, FT=lay.FT, dst=ctx.var(ins.dst),
+           x=ctx.var(ins.x), name=_inst_name(ins), pattern=pattern, contiguous=lay.pmajor)
+    return e

@@ -1,0 +1,179 @@
+"""Assemble one ``@nki.jit`` megakernel from a :class:`~.ir.KernelProgram`.
+
+Structure of the emitted kernel::
+
+    header, imports
+    @nki.jit
+    def fusegraph_step(<inputs>, <weights>, <constants>, <state>):
+        outputs in shared HBM; constants and per-step inputs loaded into SBUF once
+        embedding -> hidden state tile in SBUF
+        layer 0 .. layer N-1   (instructions; weights streamed through a ring of SBUF buffers,
+                                the next chunks' DMAs issued ahead of use, across layer boundaries)
+        final norm, lm_head, store logits
+        return logits, <state tensors written in place>
+
+The hidden state never leaves SBUF between layers; only kernel outputs and the KV-cache rows are written to HBM.
+Every emitted kernel is checked against the official NKI 0.3.0 and 0.6.0 API tables; a violation is a codegen
+error, not a warning.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import ir
+from . import weights as W
+from .bind import ArgSpec, arg_specs
+from .emitters import Context, emit
+from .errors import CodegenError
+from .layout import PMAX, Layout
+from .plan import Budget, plan_layouts, sbuf_budget
+from .render import nl_dtype, render, templates_hash
+from .stream import resolve
+
+KIB = 1024
+
+
+@dataclass
+class GeneratedKernel:
+    name: str
+    source: str
+    program: ir.KernelProgram
+    layouts: dict[str, Layout]
+    budget: Budget
+    args: list[str]  # kernel parameter names in order
+    constants: dict[str, torch.Tensor]  # constant kernel arguments fusegraph supplies (ones, rotations, selectors)
+    specs: dict[str, ArgSpec] = field(default_factory=dict)  # how each model tensor becomes a kernel argument
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _consts_needed(program: ir.KernelProgram) -> dict[str, torch.Tensor]:
+    consts: dict[str, torch.Tensor] = {}
+    T = program.tokens
+    for ins in program.instructions:
+        if isinstance(ins, ir.RMSNorm):
+            consts["c_ones"] = W.ones(PMAX)
+        elif isinstance(ins, ir.Rope):
+            key = f"c_rot_{ins.head_dim}_{str(ins.x.dtype).split('.')[-1]}"
+            consts[key] = W.rotate_half_matrix(ins.head_dim, ins.x.dtype)
+        elif isinstance(ins, ir.Experts):
+            consts[f"c_sel_{str(ins.weights.dtype).split('.')[-1]}"] = W.token_selectors(T, PMAX, ins.weights.dtype)
+    return consts
+
+
+def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: int = 16 * KIB, ring: int = 4,
+             sbuf_budget_bytes: int = 0, model: str = "", region: str = "", check: bool = True) -> GeneratedKernel:
+    """Emit NKI source for ``program``; raise :class:`CodegenError` if a template, layout or budget rule fails."""
+    t0 = time.perf_counter()
+    if ring < 2:
+        raise CodegenError("weight streaming needs at least 2 ring buffers")
+    T = program.tokens
+    layouts = plan_layouts(program)
+    constants = _consts_needed(program)
+    const_vars: dict[str, str] = {}
+    pre_code: list[str] = []
+    const_loads = []
+    for key, tensor in constants.items():
+        var = key.replace("c_", "s_", 1)
+        const_loads.append({"var": var, "shape": tuple(tensor.shape), "dtype": nl_dtype(tensor.dtype), "src": key})
+        if key == "c_ones":
+            const_vars["ones"] = var
+        elif key.startswith("c_rot_"):
+            _, _, d, dt = key.split("_")
+            const_vars[f"rotation:{d}:{getattr(torch, dt)}"] = var
+        elif key.startswith("c_sel_"):
+            const_vars["selectors"] = var
+    inputs: dict[str, str] = {}
+    for ins in program.instructions:
+        if isinstance(ins, ir.KVWrite) and "kv_index" not in inputs:
+            inputs["kv_index"] = "kv_index"
+            pre_code.append(
+                f"    kv_index = nl.ndarray(shape=(1, {T}), dtype=nl.int32, buffer=nl.sbuf, name=\"kv_index\")\n"
+                f"    nisa.dma_copy(dst=kv_index, src={ins.index.name}.ap(pattern=[[{T}, 1], [1, {T}]], offset=0), "
+                f"name=\"kv_index\")\n")
+        if isinstance(ins, ir.Rope):
+            heads = layouts[ins.x.name].FT
+            for which, val in (("cos", ins.cos), ("sin", ins.sin)):
+                key = f"{which}:{heads}"
+                if key in inputs:
+                    continue
+                var = f"{which}_h{heads}"
+                inputs[key] = var
+                pre_code.append(render("rope_tables.j2", indent=4, var=var, heads=heads, P=ins.head_dim, T=T,
+                                       dtype=nl_dtype(val.dtype), src=val.name))
+    specs = arg_specs(program, layouts)
+    ctx = Context(tokens=T, layouts=layouts, target=target, chunk_bytes=chunk_bytes, consts=const_vars, inputs=inputs,
+                  specs=specs)
+
+    pieces: list = []
+    current_layer: object = "start"
+    peak_scratch, peak_psum, live_acts = 0, 0, 0
+    act_bytes: dict[str, int] = {}
+    for i, ins in enumerate(program.instructions):
+        if ins.layer != current_layer:
+            current_layer = ins.layer
+            title = f"decoder layer {ins.layer}" if ins.layer is not None else "outside the decoder layers"
+            pieces.append(f"\n    # ======== {title} ========\n")
+        em = emit(ins, ctx, i)
+        pieces.extend(em.pieces)
+        peak_scratch = max(peak_scratch, em.sbuf)
+        peak_psum = max(peak_psum, em.psum_banks)
+        for v in ins.writes():
+            if v.kind == ir.ValueKind.ACT:
+                lay = layouts[v.name]
+                act_bytes[v.name] = lay.FT * T * torch.empty((), dtype=v.dtype).element_size()
+    body, stream_stats = resolve(pieces, ring)
+    # persistent: constants + per-step inputs + ring; live activations: at most one layer's worth at a time
+    per_layer_acts: dict[object, int] = {}
+    for ins in program.instructions:
+        for v in ins.writes():
+            if v.name in act_bytes:
+                per_layer_acts[ins.layer] = per_layer_acts.get(ins.layer, 0) + act_bytes[v.name]
+    const_bytes = sum(t[0].numel() * t.element_size() if t.dim() > 1 else t.element_size()
+                      for t in constants.values())
+    budget = Budget(target=target, sbuf_budget=sbuf_budget(target, sbuf_budget_bytes))
+    budget.items = {
+        "weight ring": stream_stats["ring_bytes_per_partition"],
+        "constants": const_bytes,
+        "activations (largest layer)": max(per_layer_acts.values(), default=0),
+        "instruction scratch (largest)": peak_scratch,
+    }
+    budget.sbuf_peak = sum(budget.items.values())
+    budget.psum_peak_banks = peak_psum
+    budget.check()
+
+    name = program.name
+    args = [v.name for v in program.inputs] + list(constants)
+    outputs = [{"var": v.name, "shape": tuple(v.shape), "dtype": nl_dtype(v.dtype)}
+               for v in program.outputs if v.kind == ir.ValueKind.OUTPUT]
+    source = (
+        render("header.j2", version=_version(), model=model or "?", region=region or "decoder stack", target=target,
+               tokens=T, layers=len(program.layers()), ring=ring)
+        + render("kernel_open.j2", name=name, args=args, outputs=outputs, constants=const_loads)
+        + "".join(pre_code)
+        + body
+        + "\n" + render("kernel_close.j2", returns=[v.name for v in program.outputs])
+    )
+    if check:
+        from fusegraph.nkiapi.conformance import ConformanceError, check_source
+
+        violations = check_source(source)
+        if violations:
+            raise CodegenError("generated kernel does not conform to the NKI API tables: "
+                               + "; ".join(str(v) for v in violations[:5]))
+    stats = dict(stream_stats, codegen_seconds=round(time.perf_counter() - t0, 4), lines=source.count("\n"),
+                 instructions=len(program.instructions), templates=templates_hash())
+    return GeneratedKernel(name=name, source=source, program=program, layouts=layouts, budget=budget, args=args,
+                           constants=constants, specs=specs, stats=stats)
+
+
+def _version() -> str:
+    try:
+        from fusegraph import __version__
+
+        return __version__
+    except Exception:  # pragma: no cover
+        return "?"

@@ -1,0 +1,156 @@
+"""The Python reference VM: run a :class:`~.ir.KernelProgram` instruction by instruction in PyTorch.
+
+It implements each instruction with the same dtype chain as the HF code it replaces, on logical values
+(activations ``[T, F]``, HBM tensors in model shapes). Two uses: template tests compare the generated kernel
+with it, and :mod:`fusegraph.codegen.bisect` compares it (and the kernel) with eager values op by op.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import ir
+from .errors import CodegenError
+
+ACT_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+}
+
+_OPS: dict[type, Callable] = {}
+
+
+def _op(cls: type) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        _OPS[cls] = fn
+        return fn
+
+    return deco
+
+
+def run(program: ir.KernelProgram, env: dict[str, torch.Tensor],
+        on_instruction: Callable[[int, ir.Instruction, dict], None] | None = None) -> dict[str, torch.Tensor]:
+    """Execute every instruction; ``env`` maps value names to tensors (HBM inputs in model layout, state is
+    updated in place). Returns ``env`` with every produced value."""
+    for i, ins in enumerate(program.instructions):
+        fn = _OPS.get(type(ins))
+        if fn is None:
+            raise CodegenError(f"the reference VM has no implementation of {ins.opcode}")
+        fn(ins, env)
+        if on_instruction is not None:
+            on_instruction(i, ins, env)
+    return env
+
+
+def _g(env: dict, v: ir.Value | None) -> torch.Tensor | None:
+    return None if v is None else env[v.name]
+
+
+@_op(ir.Embed)
+def _embed(ins: ir.Embed, env: dict) -> None:
+    env[ins.out.name] = env[ins.table.name][env[ins.ids.name].reshape(-1).long()].reshape(ins.out.shape)
+
+
+@_op(ir.RMSNorm)
+def _rmsnorm(ins: ir.RMSNorm, env: dict) -> None:
+    x = env[ins.x.name]
+    T = x.shape[0]
+    xf = x.float().reshape(T, -1, ins.group)
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ins.eps)).to(x.dtype)
+    if ins.weight is not None:
+        w = env[ins.weight.name]
+        w = w.float() + ins.weight_offset if ins.weight_offset else w
+        y = (w * y).to(ins.out.dtype)
+    env[ins.out.name] = y.reshape(ins.out.shape)
+
+
+@_op(ir.Linear)
+def _linear(ins: ir.Linear, env: dict) -> None:
+    env[ins.out.name] = F.linear(env[ins.x.name], env[ins.weight.name], _g(env, ins.bias)).reshape(ins.out.shape)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+@_op(ir.Rope)
+def _rope(ins: ir.Rope, env: dict) -> None:
+    x = env[ins.x.name]
+    T = x.shape[0]
+    xh = x.reshape(T, -1, ins.head_dim)
+    cos = env[ins.cos.name].reshape(T, 1, ins.head_dim)
+    sin = env[ins.sin.name].reshape(T, 1, ins.head_dim)
+    env[ins.out.name] = ((xh * cos) + (rotate_half(xh) * sin)).reshape(ins.out.shape)
+
+
+@_op(ir.KVWrite)
+def _kv_write(ins: ir.KVWrite, env: dict) -> None:
+    cache = env[ins.cache.name]
+    B, H, L, D = cache.shape
+    val = env[ins.value.name].reshape(B, H, D)
+    idx = env[ins.index.name].reshape(-1).long()
+    for b in range(B):
+        cache[b, :, idx[b], :] = val[b]
+
+
+@_op(ir.Attention)
+def _attention(ins: ir.Attention, env: dict) -> None:
+    k, v = env[ins.k_cache.name], env[ins.v_cache.name]
+    B, Hkv, L, D = k.shape
+    q = env[ins.q.name].reshape(B, -1, 1, D)
+    mask = env[ins.mask.name].reshape(B, 1, 1, L)
+    k = k.repeat_interleave(ins.groups, dim=1)
+    v = v.repeat_interleave(ins.groups, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * ins.scale + mask
+    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    env[ins.out.name] = torch.matmul(p, v).reshape(ins.out.shape)
+
+
+@_op(ir.Add)
+def _add(ins: ir.Add, env: dict) -> None:
+    env[ins.out.name] = env[ins.a.name] + env[ins.b.name]
+
+
+@_op(ir.GatedAct)
+def _gated(ins: ir.GatedAct, env: dict) -> None:
+    env[ins.out.name] = ACT_FNS[ins.act](env[ins.gate.name]) * env[ins.up.name]
+
+
+@_op(ir.Router)
+def _router(ins: ir.Router, env: dict) -> None:
+    logits = F.linear(env[ins.x.name], env[ins.weight.name])
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    top, idx = torch.topk(probs, ins.top_k, dim=-1)
+    if ins.normalize:
+        top = top / top.sum(dim=-1, keepdim=True)
+    env[ins.weights.name] = top.to(logits.dtype)
+    env[ins.indices.name] = idx.to(torch.int32)
+
+
+@_op(ir.Experts)
+def _experts(ins: ir.Experts, env: dict) -> None:
+    x = env[ins.x.name]
+    gu, dn = env[ins.gate_up.name], env[ins.down.name]
+    w, idx = env[ins.weights.name], env[ins.indices.name].long()
+    T, K = idx.shape
+    out = torch.zeros(T, x.shape[1], dtype=torch.float32)
+    for t in range(T):
+        for k in range(K):
+            e = int(idx[t, k])
+            g, u = F.linear(x[t:t + 1], gu[e]).chunk(2, dim=-1)
+            y = F.linear(ACT_FNS[ins.act](g) * u, dn[e])
+            out[t] += (y[0] * w[t, k]).to(x.dtype).float()
+    env[ins.out.name] = out.to(x.dtype)
+
+
+@_op(ir.Store)
+def _store(ins: ir.Store, env: dict) -> None:
+    env[ins.dst.name] = env[ins.x.name].reshape(ins.dst.shape).clone()

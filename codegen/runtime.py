@@ -1,0 +1,84 @@
+"""Run a generated kernel on torch tensors through fusegraph's NKI interpreter.
+
+Tensors are handed to the interpreter as NumPy arrays that *share memory* with them (bf16 through an
+ml_dtypes view), so the kernel's in-place writes of state (the KV cache) land in the caller's tensors exactly as
+they would in HBM. Integer step inputs are converted to int32 (NKI has no int64).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from .megakernel import GeneratedKernel
+
+_NP_VIEW = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16), torch.float16: (torch.int16, np.float16)}
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A NumPy array sharing ``t``'s memory (``t`` must be a contiguous CPU tensor)."""
+    if not t.is_contiguous():
+        raise ValueError("kernel arguments must be contiguous")
+    if t.dtype in _NP_VIEW:
+        as_int, np_dtype = _NP_VIEW[t.dtype]
+        return t.view(as_int).numpy().view(np_dtype)
+    if t.dtype in (torch.int64,):
+        return t.to(torch.int32).numpy()
+    return t.numpy()
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+class InterpretedKernel:
+    """A generated kernel loaded into the interpreter; call with a mapping from argument name to tensor."""
+
+    def __init__(self, kernel: GeneratedKernel, target: str = "trn2", filename: str | None = None,
+                 sbuf_budget: int = 0) -> None:
+        from fusegraph import nkisim
+
+        self.kernel = kernel
+        self.target = target
+        self.sbuf_budget = sbuf_budget
+        self.filename = filename or f"<fusegraph:{kernel.name}>"
+        ns = nkisim.load_kernel_source(kernel.source, self.filename, target=target)
+        self._fn = ns[kernel.name]
+
+    def prepare(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Model tensors -> kernel arguments (weight layouts applied). The executor caches this per parameter."""
+        out = {}
+        for name, spec in self.kernel.specs.items():
+            t = tensors[name]
+            out[name] = spec.transform(t) if spec.transform is not None else t
+        return out
+
+    def __call__(self, tensors: Mapping[str, torch.Tensor], shape_only: bool = False, assume: Any = None) -> list:
+        """Run with kernel-ready arguments (see :meth:`prepare`); constants are supplied here."""
+        from fusegraph import nkisim
+
+        args = []
+        for name in self.kernel.args:
+            t = tensors[name] if name in tensors else self.kernel.constants[name]
+            if shape_only:
+                args.append(nkisim.Abstract(tuple(t.shape), _np_dtype(t.dtype)))
+            else:
+                args.append(to_numpy(t))
+        kwargs = {"sbuf_budget": self.sbuf_budget} if self.sbuf_budget else {}
+        out = nkisim.run(self._fn, *args, target=self.target, shape_only=shape_only, assume=assume, **kwargs)
+        outs = out if isinstance(out, tuple) else (out,)
+        if shape_only:
+            return list(outs)
+        return [to_torch(o) for o in outs]
+
+
+def _np_dtype(dtype: torch.dtype) -> Any:
+    if dtype == torch.bfloat16:
+        return ml_dtypes.bfloat16
+    if dtype == torch.int64:
+        return np.int32
+    return torch.empty((), dtype=dtype).numpy().dtype

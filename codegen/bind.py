@@ -62,6 +62,12 @@ def arg_specs(program: ir.KernelProgram, layouts: dict[str, Layout]) -> dict[str
             dtype = torch.float32 if (per_head or ins.weight_offset) else ins.weight.dtype
             add(ins.weight, f"norm:{lay}:{ins.weight_offset}",
                 lambda t, lay=lay, off=ins.weight_offset: W.per_feature(t, lay, offset=off), dtype)
+        elif isinstance(ins, ir.Elementwise):
+            full = [v for v, c in zip(ins.inputs, ins.input_classes) if c == "full"] + list(ins.outputs)
+            lay = layouts[full[0].name]
+            for v, c in zip(ins.inputs, ins.input_classes):
+                if c == "feature":
+                    add(v, f"feature:{lay}", lambda t, lay=lay: W.per_feature(t.reshape(-1), lay))
         elif isinstance(ins, ir.Router):
             li = layouts[ins.x.name]
             add(ins.weight, f"router:{li}", lambda t, li=li: W.router(t, li))

@@ -103,6 +103,17 @@ def _embed(ins: ir.Embed, ctx: Context, i: int) -> Emitted:
     return e
 
 
+@emitter(ir.Load)
+def _load(ins: ir.Load, ctx: Context, i: int) -> Emitted:
+    lay = ctx.layout(ins.out)
+    F, T = ins.out.features, ctx.tokens
+    pattern = [[lay.FT, lay.P], [1, lay.FT], [F, T]] if lay.pmajor else [[1, lay.P], [lay.P, lay.FT], [F, T]]
+    e = Emitted()
+    e.code("load.j2", what=ins.src.name, T=T, F=F, P=lay.P, FT=lay.FT, out=ctx.var(ins.out), src=ctx.var(ins.src),
+           pattern=pattern, dtype=nl_dtype(ins.out.dtype), name=_inst_name(ins))
+    return e
+
+
 @emitter(ir.RMSNorm)
 def _rmsnorm(ins: ir.RMSNorm, ctx: Context, i: int) -> Emitted:
     lay = ctx.layout(ins.x)
@@ -223,7 +234,8 @@ def _attention(ins: ir.Attention, ctx: Context, i: int) -> Emitted:
     qb = _bytes(ins.q.dtype)
     e = Emitted(sbuf=L * kvb + L * (4 + 4 + qb) + (L * _bytes(ins.mask.dtype)) + 2 * D * kvb + Hq * T * qb,
                 psum_banks=3)
-    exact = ins.q.dtype != torch.float32  # bf16: round like the eager ops do (matmul, *scale, +mask each round)
+    # bf16 eager attention rounds after the matmul, the scale and the mask add; SDPA keeps scores in fp32
+    exact = ins.q.dtype != torch.float32 and ins.rounding == "eager"
     e.code("attention.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), D=D, Hq=Hq, Hkv=Hkv, G=G,
            L=L, T=T, out=v, dtype=nl_dtype(ins.out.dtype), kv_dtype=nl_dtype(ins.k_cache.dtype),
            mask=f"{v}_mask", mask_hbm=ctx.var(ins.mask), mask_dtype=nl_dtype(ins.mask.dtype),
@@ -339,6 +351,103 @@ def _experts(ins: ir.Experts, ctx: Context, i: int) -> Emitted:
             e.code("experts_accumulate.j2", name=sub, yw=f"{out}_yw", y=y, wb=wb, t=t, k=k, acc=f"{out}_acc",
                    Ph=Ph, FTh=NTo, dtype=nl_dtype(dt))
     e.code("experts_close.j2", out=out, acc=f"{out}_acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name)
+    return e
+
+
+@emitter(ir.Elementwise)
+def _generic(ins: ir.Elementwise, ctx: Context, i: int) -> Emitted:
+    """One NKI instruction per op of the piece; full values are [P, FT, T] tiles, per-token scalars fp32 [P, T]
+    tiles (identical on every partition, so they broadcast over features as per-partition operands)."""
+    T = ctx.tokens
+    full = [v for v, c in zip(ins.inputs + ins.outputs, ins.input_classes + ("full",) * len(ins.outputs)) if c == "full"]
+    if not full:
+        raise CodegenError("generic lowering needs at least one full activation")
+    lay = ctx.layout(full[0])
+    P, FT = lay.P, lay.FT
+    base = ctx.var(ins.outputs[0]) if ins.outputs else f"g{i}"
+    e = Emitted(psum_banks=1)
+    tiles: dict[str, tuple[str, str]] = {}  # local name -> (expression, class)
+    lines: list[str] = []
+    counter = [0]
+
+    def fresh(cls: str, dtype: torch.dtype) -> str:
+        counter[0] += 1
+        var = f"{base}_t{counter[0]}"
+        shape = {"full": f"({P}, {FT}, {T})", "token": f"({P}, {T})", "feature": f"({P}, {FT})"}[cls]
+        lines.append(f'{var} = nl.ndarray(shape={shape}, dtype={nl_dtype(dtype)}, buffer=nl.sbuf, name="{_inst_name(ins)}.t{counter[0]}")')
+        e.sbuf += {"full": FT * T, "token": T, "feature": FT}[cls] * _bytes(dtype)
+        return var
+
+    for v, name, cls in zip(ins.inputs, ins.input_names, ins.input_classes):
+        if cls == "full":
+            tiles[name] = (ctx.var(v), "full")
+        elif cls == "feature":
+            shape, dt = ctx.shape(v), ctx.kdtype(v)
+            chunk = Chunk(shape=shape, dtype=nl_dtype(dt), src=ctx.var(v), name=f"{_inst_name(ins)}.{v.name}",
+                          earliest=0, nbytes_per_partition=shape[-1] * _bytes(dt))
+            e.pieces.append(ChunkUse(chunk, i))
+            tiles[name] = (chunk.token, "feature")
+        else:
+            raise CodegenError(f"generic lowering: a per-{cls} input from outside the piece is not supported")
+    n = 0
+    for op in ins.ops:
+        kind, _, fn = op.op.partition(":")
+        if kind == "copy":
+            tiles[op.dst] = tiles[op.srcs[0]]
+            continue
+        src = [tiles[s] if isinstance(s, str) else (repr(float(s)), "const") for s in op.srcs]
+        out_dtype = torch.float32 if op.cls == "token" else op.dtype
+        dst = fresh(op.cls, out_dtype)
+        nm = f'name="{_inst_name(ins)}.op{n}"'
+        n += 1
+        if kind == "act":
+            lines.append(f"nisa.activation(dst={dst}, op={act_op(fn) if fn in ACTIVATIONS else 'nl.' + fn}, data={src[0][0]}, {nm})")
+        elif kind == "recip":
+            lines.append(f"nisa.reciprocal(dst={dst}, data={src[0][0]}, {nm})")
+        elif kind == "cast":
+            lines.append(f"nisa.tensor_copy(dst={dst}, src={src[0][0]}, {nm})")
+        elif kind == "scalar":
+            lines.append(f"nisa.tensor_scalar(dst={dst}, data={src[0][0]}, op0=nl.{fn}, operand0={src[1][0]}, {nm})")
+        elif kind == "sum":
+            ps = f"{dst}_ps"
+            lines.append(f'{ps} = nl.ndarray(shape=({P}, {T}), dtype=nl.float32, buffer=nl.psum, name="{_inst_name(ins)}.ps")')
+            x, _ = src[0]
+            sq = fresh("full", torch.float32)  # matmul operands must pair fp32 with fp32
+            lines.append(f"nisa.tensor_copy(dst={sq}, src={x}, {nm})")
+            lines.append(f"for ft in range({FT}):")
+            lines.append(f"    nisa.nc_matmul(dst={ps}, stationary={ctx.consts['ones']}[0:{P}, 0:{P}], moving={sq}[:, ft, :], "
+                         f"accumulate=(ft != 0), {nm})")
+            lines.append(f"nisa.tensor_scalar(dst={dst}, data={ps}, op0=nl.multiply, operand0={float(op.scale)!r}, {nm})")
+        elif kind == "alu":
+            (a, ca), (b, cb) = src
+            if ca == cb:
+                lines.append(f"nisa.tensor_tensor(dst={dst}, data1={a}, data2={b}, op=nl.{fn}, {nm})")
+            elif ca == "full" and cb == "token":
+                lines.append(f"for t in range({T}):")
+                lines.append(f"    nisa.tensor_scalar(dst={dst}[:, :, t], data={a}[:, :, t], op0=nl.{fn}, operand0={b}[:, t:t + 1], {nm})")
+            elif ca == "full" and cb == "feature":
+                lines.append(f"for t in range({T}):")
+                lines.append(f"    nisa.tensor_tensor(dst={dst}[:, :, t], data1={a}[:, :, t], data2={b}, op=nl.{fn}, {nm})")
+            elif ca == "feature" and cb == "token":
+                lines.append(f"for t in range({T}):")
+                lines.append(f"    nisa.tensor_scalar(dst={dst}[:, :, t], data={a}, op0=nl.{fn}, operand0={b}[:, t:t + 1], {nm})")
+            else:
+                raise CodegenError(f"generic lowering: {fn} of a {ca} and a {cb} value")
+        else:
+            raise CodegenError(f"generic lowering: unknown op {op.op}")
+        if op.cls == "token" and op.dtype != torch.float32:  # round like the eager op, keep fp32 for operands
+            r = fresh("token", op.dtype)
+            lines.append(f"nisa.tensor_copy(dst={r}, src={dst}, {nm})")
+            lines.append(f"nisa.tensor_copy(dst={dst}, src={r}, {nm})")
+        tiles[op.dst] = (dst, op.cls)
+    for v, name in zip(ins.outputs, ins.output_names):
+        expr, cls = tiles[name]
+        if cls != "full":
+            raise CodegenError(f"generic lowering: output {name} is not a per-token, per-feature value")
+        lines.append(f"{ctx.var(v)} = {expr}")
+    e.code("generic.j2", ops=", ".join(sorted({o.op for o in ins.ops})), module=ins.module, lines=lines)
+    if any(o.op == "sum" for o in ins.ops) and "ones" not in ctx.consts:
+        raise CodegenError("generic lowering: the ones constant is missing")
     return e
 
 

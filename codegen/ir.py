@@ -69,6 +69,15 @@ class Instruction:
 
 
 @dataclass
+class Load(Instruction):
+    """Bring an activation computed outside the kernel (HBM ``[T, F]``) into SBUF."""
+
+    opcode: ClassVar[str] = "load"
+    src: Value  # INPUT
+    out: Value
+
+
+@dataclass
 class Embed(Instruction):
     opcode: ClassVar[str] = "embed"
     ids: Value  # INPUT [T] int32
@@ -135,6 +144,7 @@ class Attention(Instruction):
     out: Value  # ACT [T, Hq * D]
     scale: float
     groups: int  # query heads per kv head
+    rounding: str = "eager"  # "eager": scores rounded to q's dtype after each op, like HF eager; "fused": fp32 (SDPA)
 
 
 @dataclass
@@ -183,6 +193,30 @@ class Experts(Instruction):
     out: Value
     intermediate: int
     act: str = "silu"
+
+
+@dataclass
+class Elementwise(Instruction):
+    """A generically lowered piece: ``ops`` (see :mod:`.generic`) over ``inputs``, producing ``outputs``.
+
+    Local names in ``ops`` are program node ids; ``input_names``/``output_names`` tie them to kernel values.
+    Input classes: ``full`` (activation), ``token`` (per-token scalar activation), ``feature`` (a weight vector).
+    """
+
+    opcode: ClassVar[str] = "generic"
+    inputs: tuple[Value, ...]
+    input_names: tuple[str, ...]
+    input_classes: tuple[str, ...]
+    ops: tuple[Any, ...]
+    outputs: tuple[Value, ...]
+    output_names: tuple[str, ...]
+    output_fields: ClassVar[tuple[str, ...]] = ()
+
+    def reads(self) -> list[Value]:
+        return list(self.inputs)
+
+    def writes(self) -> list[Value]:
+        return list(self.outputs)
 
 
 @dataclass

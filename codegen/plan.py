@@ -87,6 +87,8 @@ def plan_layouts(program: ir.KernelProgram) -> dict[str, Layout]:
             same(ins.x, ins.out)
         elif isinstance(ins, ir.Store):
             prefer_pmajor.add(ins.x.name)
+        elif isinstance(ins, ir.Elementwise):
+            same(*[v for v, c in zip(ins.inputs, ins.input_classes) if c == "full"], *ins.outputs)
 
     classes: dict[str, list[str]] = {}
     for name in values:

@@ -53,6 +53,11 @@ def _g(env: dict, v: ir.Value | None) -> torch.Tensor | None:
     return None if v is None else env[v.name]
 
 
+@_op(ir.Load)
+def _load(ins: ir.Load, env: dict) -> None:
+    env[ins.out.name] = env[ins.src.name].reshape(ins.out.shape)
+
+
 @_op(ir.Embed)
 def _embed(ins: ir.Embed, env: dict) -> None:
     env[ins.out.name] = env[ins.table.name][env[ins.ids.name].reshape(-1).long()].reshape(ins.out.shape)
@@ -109,7 +114,10 @@ def _attention(ins: ir.Attention, env: dict) -> None:
     mask = env[ins.mask.name].reshape(B, 1, 1, L)
     k = k.repeat_interleave(ins.groups, dim=1)
     v = v.repeat_interleave(ins.groups, dim=1)
-    scores = torch.matmul(q, k.transpose(2, 3)) * ins.scale + mask
+    if ins.rounding == "eager":
+        scores = torch.matmul(q, k.transpose(2, 3)) * ins.scale + mask
+    else:
+        scores = torch.matmul(q.float(), k.float().transpose(2, 3)) * ins.scale + mask.float()
     p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     env[ins.out.name] = torch.matmul(p, v).reshape(ins.out.shape)
 
@@ -149,6 +157,38 @@ def _experts(ins: ir.Experts, env: dict) -> None:
             y = F.linear(ACT_FNS[ins.act](g) * u, dn[e])
             out[t] += (y[0] * w[t, k]).to(x.dtype).float()
     env[ins.out.name] = out.to(x.dtype)
+
+
+@_op(ir.Elementwise)
+def _elementwise(ins: ir.Elementwise, env: dict) -> None:
+    T = ins.outputs[0].shape[0]
+    local: dict[str, torch.Tensor] = {}
+    for v, name, cls in zip(ins.inputs, ins.input_names, ins.input_classes):
+        t = env[v.name]
+        local[name] = t.reshape(T, -1) if cls == "full" else t.reshape(T, 1) if cls == "token" else t.reshape(-1)
+    alu = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "maximum": torch.maximum,
+           "minimum": torch.minimum}
+    for op in ins.ops:
+        kind, _, fn = op.op.partition(":")
+        src = [local[s] if isinstance(s, str) else s for s in op.srcs]
+        if kind == "copy":
+            out = src[0]
+        elif kind == "act":
+            out = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "abs": torch.abs,
+                   "erf": torch.erf, "gelu_apprx_tanh": ACT_FNS["gelu_tanh"], **ACT_FNS}[fn](src[0].float())
+        elif kind == "recip":
+            out = torch.reciprocal(src[0].float())
+        elif kind == "cast":
+            out = src[0]
+        elif kind == "scalar":
+            out = alu[fn](src[0].float(), torch.tensor(src[1]))
+        elif kind == "sum":
+            out = src[0].float().sum(-1, keepdim=True) * op.scale
+        else:
+            out = alu[fn](src[0].float(), src[1].float())
+        local[op.dst] = out.to(op.dtype)
+    for v, name in zip(ins.outputs, ins.output_names):
+        env[v.name] = local[name].reshape(v.shape)
 
 
 @_op(ir.Store)

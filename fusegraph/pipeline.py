@@ -84,22 +84,38 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
         log.debug("capture failure", exc_info=True)
         compiled = gm.forward
     session.compile_seconds += time.perf_counter() - t0
-    if settings.report:
-        _write_report(session, settings.report)
+    if settings.report or settings.dryrun:
+        _report(session, settings)
     return _recording(session, index, compiled)
 
 
-def _write_report(session: CaptureSession, path: str) -> None:
-    """Write the session's report as JSON (rewritten after every graph, so it always covers the whole step)."""
+def _report(session: CaptureSession, settings: Settings) -> None:
+    """The fused-region report after each graph (so it always covers the whole step so far): logged in dryrun,
+    written as JSON to ``settings.report``. A report failure never breaks the compile."""
     import json
 
     from .inspection import summarize
 
+    data = None
     try:
-        with open(path, "w") as f:
-            json.dump(summarize(session), f, indent=2, default=str)
+        from .report import report_for_session
+
+        report = report_for_session(session)
+        data = report.to_dict()
+        if settings.dryrun:
+            log.info("fusegraph dryrun: fused-region report\n%s", report.format())
+    except Exception as e:  # noqa: BLE001
+        if settings.pass_through_build_failures:
+            raise
+        warn(f"the fused-region report failed ({type(e).__name__}: {e}); the report has the capture summary only")
+        log.debug("report failure", exc_info=True)
+    if not settings.report:
+        return
+    try:
+        with open(settings.report, "w") as f:
+            json.dump(data if data is not None else summarize(session), f, indent=2, default=str)
     except OSError as e:
-        warn(f"could not write the report to {path}: {e}")
+        warn(f"could not write the report to {settings.report}: {e}")
 
 
 def _refusal(index: int, reason: str):
@@ -111,7 +127,9 @@ def _refusal(index: int, reason: str):
 def _make_runner(session: CaptureSession, index: int, settings: Settings) -> Callable:
     name = resolve_executor_name(settings)
     try:
-        runner = get_executor(name).compile(session.program, index, settings)
+        # aot calls the compiler under its FakeTensorMode; codegen computes real constants
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            runner = get_executor(name).compile(session.program, index, settings)
     except Exception as e:  # noqa: BLE001
         if settings.pass_through_build_failures or name == "eager":
             raise

@@ -6,6 +6,10 @@ Options reach fusegraph three ways, in increasing precedence:
 2. ``torch.compile(model, backend="fusegraph", options={...})``,
 3. ``FUSEGRAPH_<NAME>`` environment variables (so a deployment can be switched without code changes).
 
+Settings are flat (one environment variable per field). A group of fields sharing a prefix listed in
+``NESTED_GROUPS`` may also be passed as a nested dict, ``options={"llm": {"url": u, "model": m}}`` being
+``{"llm_url": u, "llm_model": m}``: that is the spelling issue #6 promises, and it flattens to the same fields.
+
 Unknown option names are an error that lists the valid ones: a misspelt option silently ignored is the most
 common complaint about compiler backends (Torch-TensorRT #688), so fusegraph refuses it.
 """
@@ -62,6 +66,70 @@ class Settings:
         "Raise capture/codegen errors instead of warning and falling back to the eager path (for debugging).",
     )
 
+    # ---- LLM kernel writer (docs/llm.md); also accepted nested as options={"llm": {"url": ..., "model": ...}}
+    llm_url: str = _opt(
+        "",
+        "OpenAI-compatible endpoint of the LLM kernel writer for regions nothing else lowers, e.g. "
+        "'http://localhost:8000/v1' (vLLM, TGI, llama.cpp server). '' = the writer is off. Needs llm_model too.",
+    )
+    llm_model: str = _opt("", "Model name sent to the LLM endpoint (also part of the kernel cache key).")
+    llm_max_rounds: int = _opt(
+        2, "Repair rounds after the first answer: a rejected kernel's concrete error is sent back this many times."
+    )
+    llm_timeout_s: float = _opt(120.0, "Timeout of one chat request to the LLM endpoint, in seconds.")
+    llm_max_tokens: int = _opt(4096, "Completion token limit of one chat request.")
+    llm_run_timeout_s: float = _opt(
+        60.0, "Wall-clock limit of one verification run of an LLM-written kernel (separate process), in seconds."
+    )
+    llm_run_memory_mb: int = _opt(4096, "Address-space limit of the verification process, in MiB.")
+    llm_cache_dir: str = _opt(
+        "", "Directory of accepted LLM-written kernels ('' = $XDG_CACHE_HOME/fusegraph/llm-kernels or ~/.cache/...)."
+    )
+    verify: bool = _opt(
+        True,
+        "On a kernel's first call, also run its region's ATen ops eagerly on the same inputs and compare; on a "
+        "mismatch warn (naming the region) and run that region eagerly from then on.",
+    )
+    verify_tolerance: float = _opt(
+        1e-4,
+        "Largest accepted |kernel - eager| relative to the largest |eager| value of each output (fp32; bf16 "
+        "outputs get 2e-2, the bf16 rounding step).",
+    )
+    dump_dir: str = _opt("", "Write each generated kernel's NKI source to this directory, named by region ('' = no dump).")
+    cache_dir: str = _opt(
+        "",
+        "On-disk cache of generated kernels, keyed by region structure, shapes, dtypes, target and the hashes of "
+        "the patterns/templates used ('' = $XDG_CACHE_HOME/fusegraph or ~/.cache/fusegraph; 'off' disables it).",
+    )
+    weight_buffers: int = _opt(4, "SBUF ring buffers weight chunks stream through (DMAs are issued this many chunks minus one ahead).")
+    weight_chunk_kib: int = _opt(16, "Target size of one streamed weight chunk, in KiB per partition.")
+    sbuf_budget: int = _opt(0, "Usable SBUF bytes per partition (0 = the target's SBUF minus a 16 KiB reserve).")
+    # ---- matching and regions (names as in Torch-TensorRT where one exists) ----------------------------------
+    min_region_size: int = _opt(
+        5,
+        "Fused regions with fewer ATen ops than this are dissolved and left to the fallback path (Torch-TensorRT's "
+        "min_block_size); ignored with require_full_compilation.",
+    )
+    fallback_ops: tuple[str, ...] = _opt(
+        (),
+        "ATen ops forced to the fallback path, never fused (Torch-TensorRT's torch_executed_ops), e.g. "
+        "'aten.topk.default' or 'aten.topk' for every overload; comma-separated in the environment.",
+    )
+    require_full_compilation: bool = _opt(
+        False,
+        "Fuse the whole step into one region or nothing: if any op stays outside, warn and run the whole step on "
+        "the fallback path (Torch-TensorRT's require_full_compilation).",
+    )
+    disabled_patterns: tuple[str, ...] = _opt(
+        (),
+        "Pattern names (globs allowed, e.g. 'mypkg.*') not to match; comma-separated in the environment.",
+    )
+    match_debug: str = _opt(
+        "",
+        "A pattern name or program node id (comma-separated for several): log why that pattern did not match, or "
+        "why nothing matched at that node (first failing node/edge/check).",
+    )
+
     # ---- derived helpers -------------------------------------------------------------------------------
     @classmethod
     def field_names(cls) -> list[str]:
@@ -73,7 +141,7 @@ class Settings:
         env = os.environ if env is None else env
         valid = cls.field_names()
         values: dict[str, Any] = {}
-        for key, value in dict(options or {}).items():
+        for key, value in _flatten_nested(options or {}, valid).items():
             if key not in valid:
                 raise FusegraphOptionError(
                     f"unknown fusegraph option {key!r}; valid options are: {', '.join(sorted(valid))}"
@@ -97,6 +165,32 @@ class Settings:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+NESTED_GROUPS: tuple[str, ...] = ("llm",)
+"""Option groups that may also be given as a nested dict: ``{"llm": {"url": u}}`` is ``{"llm_url": u}``."""
+
+
+def _flatten_nested(options: Mapping[str, Any], valid: list[str]) -> dict[str, Any]:
+    """Turn ``{"llm": {"url": ...}}`` into ``{"llm_url": ...}`` (the flat names are the env-overridable ones)."""
+    out: dict[str, Any] = {}
+    for key, value in dict(options).items():
+        if key not in NESTED_GROUPS:
+            out[key] = value
+            continue
+        if not isinstance(value, Mapping):
+            raise FusegraphOptionError(f"fusegraph option {key!r} expects a dict such as {{'url': ..., 'model': ...}}")
+        group = [name[len(key) + 1:] for name in valid if name.startswith(key + "_")]
+        for sub, subvalue in value.items():
+            flat = f"{key}_{sub}"
+            if sub not in group:
+                raise FusegraphOptionError(
+                    f"unknown fusegraph option {key}.{sub}; valid {key} options are: {', '.join(sorted(group))}"
+                )
+            if flat in options:
+                raise FusegraphOptionError(f"fusegraph option {flat!r} is given twice (as {flat} and {key}.{sub})")
+            out[flat] = subvalue
+    return out
 
 
 def _field(cls: type, name: str) -> dataclasses.Field:

@@ -17,7 +17,7 @@ def test_eager_experts_break_without_fusegraph():
 def test_rewrite_removes_breaks_and_keeps_outputs():
     case = build_decode("qwen3-moe-tiny", experts="eager")
     ref = case.fork()
-    cap = capture_step(case.step, case.token, case.position)
+    cap = capture_step(case.step, case.token, case.position, options={"executor": "eager"})
     assert len(cap.program.graphs) == 1 and not cap.program.breaks
     ops = cap.program.op_counts()
     assert ops["aten.bmm.default"] >= 4 and "aten.nonzero.default" not in ops
@@ -33,7 +33,7 @@ def test_rewrite_removes_breaks_and_keeps_outputs():
 
 def test_rewrite_can_be_switched_off():
     case = build_decode("qwen3-moe-tiny", experts="eager")
-    cap = capture_step(case.step, case.token, case.position, options={"capture_rewrites": False})
+    cap = capture_step(case.step, case.token, case.position, options={"capture_rewrites": False, "executor": "eager"})
     assert len(cap.program.graphs) + len(cap.session.refusals) > 1
 
 

@@ -23,7 +23,7 @@ def test_break_inside_decoder_layer_is_linked_and_explained():
     case = build_decode("llama-tiny")
     ref = case.fork()
     _break_inside_mlp(case)
-    cap = capture_step(case.step, case.token, case.position)
+    cap = capture_step(case.step, case.token, case.position, options={"executor": "eager"})
     prog = cap.program
     assert len(prog.graphs) > 1
     assert any("graph_break" in b.reason for b in prog.breaks)
@@ -55,7 +55,7 @@ def test_python_glue_on_a_crossing_tensor_is_not_glue_free():
         glue(y)
         return y.sin() + z
 
-    cap = capture_step(f, torch.ones(4))
+    cap = capture_step(f, torch.ones(4), options={"executor": "eager"})
     assert torch.allclose(cap.outputs, (torch.ones(4) * 2 + 1).sin() + 3)
     by_src = {cap.program.graph.nodes[l.src_node]["consts"]: l for l in cap.program.links}
     assert by_src[(2,)].glue_free is False  # y: mutated by the glue

@@ -143,6 +143,8 @@ class Program:
     graphs: list[CapturedGraph] = field(default_factory=list)
     links: list[Link] = field(default_factory=list)
     breaks: list[GraphBreak] = field(default_factory=list)
+    #: per graph index, what the executor did (kernel launches, who ran each region); filled at compile time
+    execution: dict[int, Any] = field(default_factory=dict)
 
     # ---- queries ------------------------------------------------------------------------------------------
     def op_nodes(self, graph_index: int | None = None) -> Iterator[str]:

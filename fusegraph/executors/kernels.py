@@ -1,0 +1,181 @@
+"""Turn the fusible regions of one captured graph into runnable kernels (shared by the NKI executors).
+
+For every region of the graph: lower it to a kernel program, generate the NKI source (or take it from the
+on-disk cache), and keep what the run needs: which program nodes the kernel replaces, where each kernel
+argument comes from, and how model tensors become kernel arguments. Any failure leaves that region on the
+eager path with one warning naming the region and the cause.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..program import Program
+from ..settings import Settings
+from ..warnings import warn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class KernelPlan:
+    region: Any
+    lowered: Any  # codegen.lowering.Lowered
+    generated: Any  # codegen.megakernel.GeneratedKernel
+    label: str
+    cache_hit: bool = False
+    seconds: float = 0.0
+    runner: Any = None  # set by the executor (interpreter or Neuron)
+    trusted: bool = False  # verified on a real step
+    disabled: bool = False  # verification failed: the region runs eagerly
+    prepared: dict[str, tuple[int, int, torch.Tensor]] = field(default_factory=dict)
+
+
+def _tokens(program: Program, region: Any) -> int:
+    """Tokens per step (the batch of a decode step); raises if the region is not a one-position decode step."""
+    from ..codegen.errors import CodegenError
+
+    G = program.graph
+    for m in region.matches:
+        if m.pattern.template == "embedding":
+            shape = G.nodes[m.inputs["indices"]]["shape"]
+            if len(shape) == 2 and shape[1] != 1:
+                raise CodegenError(f"a step over {shape[1]} positions is not a decode step (prefill runs eagerly)")
+            return int(shape[0])
+    for m in region.matches:
+        if m.pattern.template in ("rmsnorm", "linear") and "x" in m.inputs:
+            shape = G.nodes[m.inputs["x"]]["shape"]
+            if len(shape) == 3 and shape[1] != 1:
+                raise CodegenError(f"a step over {shape[1]} positions is not a decode step (prefill runs eagerly)")
+            return int(shape[0]) if len(shape) >= 2 else 1
+    raise CodegenError("cannot tell the number of decode tokens of this region")
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fusegraph" / "kernels"
+
+
+def _pattern_fingerprint(region: Any) -> str:
+    h = hashlib.sha256()
+    for name in sorted({m.pattern.name for m in region.matches}):
+        pat = next(m.pattern for m in region.matches if m.pattern.name == name)
+        h.update(name.encode())
+        h.update(str(getattr(pat, "fingerprint", None) or getattr(pat, "version", "")).encode())
+        fn = getattr(pat, "fn", None) or getattr(pat, "function", None)
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            h.update(code.co_code)
+            h.update(repr(code.co_consts).encode())
+    return h.hexdigest()[:16]
+
+
+def cache_key(program_ir: Any, target: str, settings: Settings, region: Any) -> str:
+    from ..codegen.render import templates_hash
+
+    h = hashlib.sha256()
+    for ins in program_ir.instructions:
+        h.update(type(ins).__name__.encode())
+        for k, v in sorted(vars(ins).items()):
+            if k in ("nodes", "module"):
+                continue
+            h.update(f"{k}={_fingerprint(v)};".encode())
+    h.update(target.encode())
+    h.update(f"{settings.weight_buffers}/{settings.weight_chunk_kib}/{settings.sbuf_budget}".encode())
+    h.update(templates_hash().encode())
+    h.update(_pattern_fingerprint(region).encode())
+    return h.hexdigest()[:24]
+
+
+def _fingerprint(v: Any) -> str:
+    from ..codegen import ir
+
+    if isinstance(v, ir.Value):
+        return f"{v.name}:{v.kind}:{tuple(v.shape)}:{v.dtype}"
+    return repr(v)
+
+
+def build_plans(program: Program, graph_index: int, analysis: Any, settings: Settings) -> list[KernelPlan]:
+    from ..codegen.errors import CodegenError
+    from ..codegen.lowering import lower_region
+    from ..codegen.megakernel import generate
+
+    plans: list[KernelPlan] = []
+    regions = [r for r in analysis.regions if graph_index in r.graphs]
+    from ..codegen.lowering import HOST_SIDE
+
+    for region in regions:
+        if all(m.pattern.template in HOST_SIDE for m in region.matches):
+            continue  # rotary tables, masks, positions: computed on the fallback path by design
+        label = f"region {region.id} ({region.kind}" + (f", layers {region.layers[0]}-{region.layers[-1]}" if region.layers else "") + ")"
+        if len(region.graphs) > 1:
+            warn(f"{label} spans a graph break; fusegraph runs each graph separately, so it stays on the eager path")
+            continue
+        t0 = time.perf_counter()
+        try:
+            tokens = _tokens(program, region)
+            lowered = lower_region(program, region, tokens, name=f"fusegraph_g{graph_index}_r{region.id}")
+            key = cache_key(lowered.program, settings.target, settings, region)
+            cached, path = _cache_read(settings, key)
+            generated = generate(lowered.program, target=settings.target, chunk_bytes=settings.weight_chunk_kib * 1024,
+                                 ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget,
+                                 region=label, cached_source=cached)
+            if cached is None:
+                _cache_write(settings, key, generated)
+            _dump(settings, label, region, generated)
+        except CodegenError as e:
+            if settings.pass_through_build_failures:
+                raise
+            warn(f"{label}: {e}; it runs on the eager path")
+            continue
+        plans.append(KernelPlan(region=region, lowered=lowered, generated=generated, label=label,
+                                cache_hit=cached is not None, seconds=time.perf_counter() - t0))
+    return plans
+
+
+def _cache_root(settings: Settings) -> Path | None:
+    if settings.cache_dir == "off":
+        return None
+    return Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
+
+
+def _cache_read(settings: Settings, key: str) -> tuple[str | None, Path | None]:
+    root = _cache_root(settings)
+    if root is None:
+        return None, None
+    path = root / f"{key}.py"
+    try:
+        return path.read_text(), path
+    except OSError:
+        return None, path
+
+
+def _cache_write(settings: Settings, key: str, generated: Any) -> None:
+    root = _cache_root(settings)
+    if root is None:
+        return
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(generated.source)
+        tmp.replace(root / f"{key}.py")
+        (root / f"{key}.json").write_text(json.dumps({"stats": generated.stats, "budget": generated.budget.to_dict()},
+                                                     default=str))
+    except OSError as e:
+        log.info("kernel cache not written: %s", e)
+
+
+def _dump(settings: Settings, label: str, region: Any, generated: Any) -> None:
+    if not settings.dump_dir:
+        return
+    d = Path(settings.dump_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"region{region.id}_{region.kind}.py").write_text(generated.source)

@@ -1,0 +1,270 @@
+"""Executors that run fused regions as generated NKI kernels and everything else eagerly.
+
+``nkisim`` runs the kernels in fusegraph's CPU interpreter (the default without Trainium); ``neuron`` would run
+them on a NeuronCore through ``nki.jit`` + torch-neuronx (see :mod:`.neuron`). Both share this class; only the
+kernel runner differs.
+
+Per call: eager ops before the kernel (rotary tables, the mask, cache positions), the kernel (one launch for the
+decoder stack), eager ops after it. Model weights are converted to the kernel's layouts once and re-converted
+only when a parameter's version counter changes. With ``verify`` on, a kernel's first call is checked against
+the region's ATen ops on the same inputs; a mismatch disables that kernel with a warning and the step uses the
+eager results, so it always returns correct values.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..program import Program
+from ..settings import Settings
+from ..warnings import warn
+from .base import Runner
+from .eager import _resolver, build_plan, run_plan
+from .kernels import KernelPlan, build_plans
+from .schedule import KernelSlot, build_schedule
+
+log = logging.getLogger(__name__)
+
+
+class KernelStats:
+    """What the executor did for the report (kernel launches per step, who executed each region)."""
+
+    def __init__(self) -> None:
+        self.launches_per_call = 0
+        self.calls = 0
+        self.executed_by: dict[int, str] = {}
+        self.verification: dict[int, str] = {}
+        self.kernels: list[dict] = []
+
+
+class NkiExecutor:
+    name = "nkisim"
+
+    def make_runner(self, plan: KernelPlan, settings: Settings) -> Callable[..., list]:
+        from ..codegen.runtime import InterpretedKernel
+
+        return InterpretedKernel(plan.generated, target=settings.target, filename=f"<fusegraph:{plan.generated.name}>",
+                                 sbuf_budget=settings.sbuf_budget)
+
+    def compile(self, program: Program, graph_index: int, settings: Settings) -> Runner:
+        from ..matching import analyze
+
+        analysis = analyze(program, settings)
+        plans = build_plans(program, graph_index, analysis, settings)
+        ready: list[KernelPlan] = []
+        for p in plans:
+            try:
+                p.runner = self.make_runner(p, settings)
+                ready.append(p)
+            except Exception as e:  # noqa: BLE001 - a kernel that does not load must not break the step
+                if settings.pass_through_build_failures:
+                    raise
+                warn(f"{p.label}: kernel failed to load ({type(e).__name__}: {e}); it runs on the eager path")
+        schedule, dropped = build_schedule(program, graph_index, [p.lowered.kernel_nodes for p in ready])
+        for k in dropped:
+            warn(f"{ready[k].label} is not convex (an op outside it both reads and feeds it); it runs on the eager path")
+        return _Run(self, program, graph_index, settings, ready, [k for k in range(len(ready)) if k not in dropped],
+                    schedule, analysis)
+
+
+class _Run:
+    def __init__(self, executor: NkiExecutor, program: Program, graph_index: int, settings: Settings,
+                 plans: list[KernelPlan], active: list[int], schedule: list, analysis: Any) -> None:
+        self.executor = executor
+        self.program = program
+        self.settings = settings
+        self.plans = plans
+        self.active = set(active)
+        self.analysis = analysis
+        self.program_graph = graph_index
+        captured = program.graphs[graph_index]
+        self.input_ids = [i.node for i in captured.inputs]
+        self.outputs = [_resolver(o) for o in captured.outputs]
+        self.eager_all = build_plan(program, program.topo_order(graph_index))
+        while True:
+            steps, missing = self._build_steps(schedule)
+            if missing is None:
+                break
+            k, node = missing
+            self.active.discard(k)
+            warn(f"{plans[k].label}: the value of {node} is needed outside the kernel but not produced by it; "
+                 "it runs on the eager path")
+        self.steps = steps
+        self.stats = KernelStats()
+        for k, p in enumerate(plans):
+            self.stats.executed_by[p.region.id] = executor.name if k in self.active else "eager"
+        program.execution[graph_index] = self.stats
+
+    def _build_steps(self, schedule: list) -> tuple[list, tuple[int, str] | None]:
+        """Schedule items -> executable steps; also check every eager op finds its inputs (else: which kernel
+        hides a value it needs)."""
+        program, G = self.program, self.program.graph
+        available = set(self.input_ids)
+        owner: dict[str, int] = {}
+        steps: list = []
+        for item in schedule:
+            if isinstance(item, KernelSlot) and item.index in self.active:
+                plan = self.plans[item.index]
+                for src in plan.lowered.args.values():
+                    if src.node not in available:
+                        return [], (item.index, src.node)
+                steps.append(item)
+                for n in plan.lowered.kernel_nodes:
+                    owner[n] = item.index
+                available |= set(plan.lowered.outputs.values())
+                available |= {n for n in plan.lowered.kernel_nodes if G.nodes[n].get("writes_state")}
+                continue
+            nodes = ([item] if not isinstance(item, KernelSlot) else
+                     sorted(self.plans[item.index].lowered.kernel_nodes, key=lambda n: G.nodes[n]["order"]))
+            for n in nodes:
+                if n in available:  # produced by a kernel already
+                    continue
+                for a in G.predecessors(n):
+                    if G.edges[a, n].get("hazard") or G.nodes[a]["graph"] != G.nodes[n]["graph"]:
+                        continue
+                    if a not in available and a in owner:
+                        return [], (owner[a], a)
+                steps.extend(build_plan(program, [n]))
+                available.add(n)
+        for o in program.graphs[self.program_graph].outputs:
+            node = getattr(o, "node", None)
+            if node is not None and node not in available and node in owner:
+                return [], (owner[node], node)
+        return steps, None
+
+    def __call__(self, args: Sequence[Any]) -> list:
+        env = dict(zip(self.input_ids, args))
+        if any(not self.plans[s.index].disabled for s in self.steps if isinstance(s, KernelSlot)):
+            env = self._run_with_kernels(env)
+        else:
+            env = run_plan(self.eager_all, env)
+        self.stats.calls += 1
+        return [o(env) for o in self.outputs]
+
+    def _run_with_kernels(self, env: dict) -> dict:
+        launches = 0
+        for step in self.steps:
+            if not isinstance(step, KernelSlot):
+                n, target, a, kw = step
+                env[n] = target(*a(env), **kw(env))
+                continue
+            plan = self.plans[step.index]
+            if plan.disabled:
+                self._eager_region(plan, env)
+                continue
+            if not plan.trusted and self.settings.verify:
+                self._verify(plan, env)
+                if plan.disabled:
+                    continue
+            else:
+                self._launch(plan, env)
+            launches += 1
+        self.stats.launches_per_call = launches
+        return env
+
+    # ---- one kernel --------------------------------------------------------------------------------------
+    def _kernel_args(self, plan: KernelPlan, env: dict, state_override: dict | None = None) -> dict:
+        gen = plan.generated
+        out = {}
+        for name, src in plan.lowered.args.items():
+            spec = gen.specs[name]
+            t = env[src.node]
+            if state_override and name in state_override:
+                out[name] = state_override[name]
+                continue
+            if spec.transform is not None:
+                key = (id(t), t._version)
+                cached = plan.prepared.get(name)
+                if cached is None or cached[:2] != key:
+                    with torch.no_grad():
+                        plan.prepared[name] = (*key, spec.transform(t.detach()).contiguous())
+                out[name] = plan.prepared[name][2]
+            elif src.kind == "state":
+                out[name] = t
+            else:  # per-step input: flatten to the kernel's shape, cast indices to int32
+                v = t.detach()
+                if src.convert == "bool_mask":
+                    v = torch.zeros(v.shape, dtype=torch.float32).masked_fill(~v, torch.finfo(torch.float32).min)
+                if v.numel() == 1 and len(src.shape) == 1 and src.shape[0] > 1:
+                    v = v.reshape(1).expand(src.shape[0])
+                out[name] = v.reshape(src.shape).to(spec.dtype).contiguous()
+        return out
+
+    def _launch(self, plan: KernelPlan, env: dict, state_override: dict | None = None) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        outs = plan.runner(self._kernel_args(plan, env, state_override))
+        names = [v.name for v in plan.lowered.program.outputs]
+        results = dict(zip(names, outs))
+        if state_override is None:
+            self._publish(plan, env, results)
+        log.debug("%s ran in %.3f s", plan.label, time.perf_counter() - t0)
+        return results
+
+    def _publish(self, plan: KernelPlan, env: dict, results: dict) -> None:
+        G = self.program.graph
+        for name, node in plan.lowered.outputs.items():
+            d = G.nodes[node]
+            env[node] = results[name].reshape(d["shape"]).to(getattr(torch, d["dtype"]))
+        for n in plan.lowered.kernel_nodes:
+            st = G.nodes[n].get("writes_state")
+            if st:
+                env[n] = env[st]
+
+    def _eager_region(self, plan: KernelPlan, env: dict) -> None:
+        nodes = sorted(plan.lowered.kernel_nodes, key=lambda n: self.program.graph.nodes[n]["order"])
+        run_plan(build_plan(self.program, nodes), env)
+
+    def _verify(self, plan: KernelPlan, env: dict) -> None:
+        """Run the kernel on copies of the state and the region eagerly on the real state; compare."""
+        state_copies = {name: env[src.node].clone() for name, src in plan.lowered.args.items() if src.kind == "state"}
+        try:
+            results = self._launch(plan, env, state_override=state_copies)
+        except Exception as e:  # noqa: BLE001 - a kernel that fails at run time falls back
+            if self.settings.pass_through_build_failures:
+                raise
+            plan.disabled = True
+            self.stats.executed_by[plan.region.id] = "eager"
+            self.stats.verification[plan.region.id] = f"failed to run: {type(e).__name__}: {e}"
+            warn(f"{plan.label}: kernel failed at run time ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                 "it runs on the eager path")
+            self._eager_region(plan, env)
+            return
+        self._eager_region(plan, env)
+        problems = []
+        for name, node in plan.lowered.outputs.items():
+            problems += _compare(f"output {node}", results[name], env[node], self.settings)
+        for name, copy in state_copies.items():
+            node = plan.lowered.args[name].node
+            problems += _compare(f"state {node}", copy, env[node], self.settings)
+        if problems:
+            plan.disabled = True
+            self.stats.executed_by[plan.region.id] = "eager"
+            self.stats.verification[plan.region.id] = "; ".join(problems[:3])
+            warn(f"{plan.label}: verification against eager failed ({problems[0]}); it runs on the eager path")
+        else:
+            plan.trusted = True
+            self.stats.verification[plan.region.id] = "passed"
+
+
+def _compare(what: str, got: torch.Tensor, expected: torch.Tensor, settings: Settings) -> list[str]:
+    e = expected.detach().float().reshape(-1)
+    g = got.detach().float().reshape(-1)
+    if g.numel() != e.numel():
+        return [f"{what}: {g.numel()} elements, expected {e.numel()}"]
+    if not torch.isfinite(g).all() and torch.isfinite(e).all():
+        return [f"{what}: non-finite values"]
+    tol = settings.verify_tolerance if expected.dtype == torch.float32 else max(settings.verify_tolerance, 2e-2)
+    scale = max(e.abs().max().item(), 1e-6)
+    err = (g - e).abs().max().item()
+    return [] if err <= tol * scale else [f"{what}: max |diff| {err:.3g} > {tol:g} x {scale:.3g}"]
+
+
+def register() -> None:
+    from .base import register_executor
+
+    @register_executor("nkisim")
+    def _make() -> NkiExecutor:
+        return NkiExecutor()

@@ -1,0 +1,108 @@
+"""On-disk cache of accepted LLM-written kernels, so a region costs one request per model, not one per compile.
+
+The key covers everything that decides whether a kernel is right and how it was obtained: the region's
+structure (``KernelTask.structure``, else the AST of the reference source, so comments and formatting do not
+matter), every input/output spec (shapes, dtypes, ranges, constants, in-place outputs), the verification cases,
+the LLM model name, the prompt version and the target. One JSON file per key; writes are atomic (temp file +
+rename), so concurrent compiles never read half an entry. A loaded entry is not trusted blindly: the writer
+re-runs the static checks (allow-list, conformance, contract) on it, which catches a tampered or stale file.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .task import KernelTask
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = 1
+
+
+def default_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fusegraph" / "llm-kernels"
+
+
+def region_structure(task: KernelTask) -> str:
+    if task.structure:
+        return task.structure
+    try:
+        return ast.dump(ast.parse(task.reference_source))
+    except (SyntaxError, ValueError):
+        return task.reference_source
+
+
+def cache_key(task: KernelTask, llm_model: str, prompt_version: str, target: str) -> str:
+    payload = {
+        "format": CACHE_FORMAT,
+        "structure": region_structure(task),
+        "inputs": [s.key() for s in task.inputs],
+        "outputs": [s.key() for s in task.outputs],
+        "cases": list(task.cases),
+        "data_movement_only": task.data_movement_only,
+        "llm_model": llm_model,
+        "prompt_version": prompt_version,
+        "target": target,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class CacheEntry:
+    key: str
+    source: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class KernelCache:
+    def __init__(self, root: str | os.PathLike | None = None) -> None:
+        self.root = Path(root) if root else default_dir()
+
+    def path(self, key: str) -> Path:
+        return self.root / f"{key}.json"
+
+    def load(self, key: str) -> CacheEntry | None:
+        p = self.path(key)
+        try:
+            data = json.loads(p.read_text("utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            log.warning("ignoring unreadable LLM kernel cache entry %s: %s", p, e)
+            return None
+        src = data.get("source") if isinstance(data, dict) else None
+        if not isinstance(src, str) or data.get("key") != key or data.get("format") != CACHE_FORMAT \
+                or data.get("sha256") != hashlib.sha256(src.encode()).hexdigest():
+            log.warning("ignoring inconsistent LLM kernel cache entry %s", p)
+            return None
+        return CacheEntry(key, src, data.get("meta") or {})
+
+    def store(self, key: str, source: str, meta: dict[str, Any]) -> Path | None:
+        """Write an entry atomically; a failure is logged, not raised (the kernel is still usable)."""
+        entry = {"format": CACHE_FORMAT, "key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                 "sha256": hashlib.sha256(source.encode()).hexdigest(), "source": source, "meta": meta}
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump(entry, f, indent=1)
+            os.replace(tmp, self.path(key))
+            return self.path(key)
+        except OSError as e:
+            log.warning("could not write the LLM kernel cache entry for %s: %s", key[:12], e)
+            return None
+
+    def discard(self, key: str) -> None:
+        try:
+            self.path(key).unlink()
+        except OSError:
+            pass

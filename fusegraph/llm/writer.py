@@ -1,0 +1,186 @@
+"""The writer loop: prompt -> answer -> extract -> verify -> (repair) -> accept and cache, or give up cleanly.
+
+:func:`write_kernel` is what the compile pipeline calls for a region nothing else lowers. It never raises: every
+outcome, including a disabled option, an unreachable endpoint or a bug in the caller's reference, comes back
+as a :class:`WriterResult` with a one-line ``reason`` and one :class:`Attempt` per model answer (accepted or
+why rejected, tokens from the endpoint's ``usage``, seconds), which is what the fused-region report records.
+
+Repair rounds keep the conversation short: system, few-shot examples, the task, the *last* rejected answer
+and its concrete error (not every earlier round), so the prompt does not grow with the number of rounds.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .task import KernelTask
+
+log = logging.getLogger(__name__)
+
+API_KEY_ENV = "FUSEGRAPH_LLM_API_KEY"
+"""Bearer token for endpoints that need one. Read from the environment only, so it never lands in settings,
+reports or logs."""
+
+
+@dataclass
+class Attempt:
+    """One model answer and what became of it."""
+
+    round: int  # 1 = first answer, 2.. = repair rounds
+    accepted: bool
+    reason: str  # one line: why rejected, or how it was verified
+    stage: str = ""  # endpoint | extract | parse | safety | conformance | contract | reference | run | computes | compare | accepted
+    tokens: int = 0  # total tokens of the request (usage.total_tokens)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0  # request + verification
+    max_abs_diff: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class WriterResult:
+    kernel_source: str | None
+    accepted: bool
+    attempts: list[Attempt] = field(default_factory=list)
+    from_cache: bool = False
+    reason: str = ""
+    kernel_name: str = ""  # the @nki.jit function in kernel_source
+    cache_key: str = ""
+
+    @property
+    def rounds(self) -> int:
+        return len(self.attempts)
+
+    @property
+    def tokens(self) -> int:
+        return sum(a.tokens for a in self.attempts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """For the fused-region report (the kernel source itself is left out; it is in the cache)."""
+        return {"accepted": self.accepted, "from_cache": self.from_cache, "reason": self.reason,
+                "rounds": self.rounds, "tokens": self.tokens, "kernel_name": self.kernel_name,
+                "cache_key": self.cache_key, "attempts": [a.to_dict() for a in self.attempts]}
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    url: str
+    model: str
+    max_rounds: int
+    timeout_s: float
+    max_tokens: int
+    run_timeout_s: float
+    run_memory_mb: int
+    cache_dir: str
+    target: str
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "WriterConfig":
+        return cls(url=settings.llm_url, model=settings.llm_model, max_rounds=max(0, int(settings.llm_max_rounds)),
+                   timeout_s=float(settings.llm_timeout_s), max_tokens=int(settings.llm_max_tokens),
+                   run_timeout_s=float(settings.llm_run_timeout_s), run_memory_mb=int(settings.llm_run_memory_mb),
+                   cache_dir=settings.llm_cache_dir, target=settings.target)
+
+    def problem(self) -> str:
+        if not self.url and not self.model:
+            return "the LLM kernel writer is off (set llm_url and llm_model, or FUSEGRAPH_LLM_URL/FUSEGRAPH_LLM_MODEL)"
+        if not self.url:
+            return "llm_model is set but llm_url is not"
+        if not self.model:
+            return "llm_url is set but llm_model is not"
+        return ""
+
+
+def enabled(settings: Any) -> bool:
+    """Whether the settings turn the writer on (both an endpoint and a model)."""
+    return not WriterConfig.from_settings(settings).problem()
+
+
+def write_kernel(task: KernelTask, settings: Any) -> WriterResult:
+    """Ask the configured model for a kernel for ``task``; return it only if it passes verification. Never raises."""
+    try:
+        return _write(task, WriterConfig.from_settings(settings))
+    except Exception as e:  # noqa: BLE001 - a writer bug must not break a compile; it is reported instead
+        log.exception("LLM kernel writer failed on %s", getattr(task, "name", "?"))
+        return WriterResult(None, False, reason=f"internal error in the LLM kernel writer: {type(e).__name__}: {e}")
+
+
+def _write(task: KernelTask, cfg: WriterConfig) -> WriterResult:
+    from .cache import KernelCache, cache_key
+    from .client import ChatClient
+    from .extract import extract_code
+    from .harness import Limits, static_checks, verify
+    from .prompt import NO_CODE_DETAIL, PROMPT_VERSION, build_messages, repair_message
+
+    off = cfg.problem()
+    if off:
+        return WriterResult(None, False, reason=off)
+    problems = task.problems()
+    if problems:
+        return WriterResult(None, False, reason="invalid kernel task: " + "; ".join(problems))
+
+    cache = KernelCache(cfg.cache_dir or None)
+    key = cache_key(task, cfg.model, PROMPT_VERSION, cfg.target)
+    entry = cache.load(key)
+    if entry is not None:
+        info, bad = static_checks(entry.source, task)
+        if bad is None and info is not None:
+            log.info("LLM kernel for %s reused from cache %s", task.name, key[:12])
+            return WriterResult(entry.source, True, from_cache=True, kernel_name=info.name, cache_key=key,
+                                reason=f"reused cached kernel {key[:12]} (written by {cfg.model})")
+        log.warning("cached LLM kernel %s for %s fails the static checks (%s); asking again", key[:12], task.name,
+                    bad.reason if bad else "?")
+        cache.discard(key)
+
+    client = ChatClient(cfg.url, cfg.model, timeout_s=cfg.timeout_s, max_tokens=cfg.max_tokens,
+                        api_key=os.environ.get(API_KEY_ENV, ""))
+    limits = Limits(timeout_s=cfg.run_timeout_s, memory_mb=cfg.run_memory_mb)
+    base = build_messages(task)
+    messages = list(base)
+    attempts: list[Attempt] = []
+    for rnd in range(1, cfg.max_rounds + 2):
+        t0 = time.perf_counter()
+        reply = client.chat(messages)
+        usage = reply.usage
+        common = dict(round=rnd, tokens=usage.total_tokens, prompt_tokens=usage.prompt_tokens,
+                      completion_tokens=usage.completion_tokens)
+        if not reply.ok:
+            attempts.append(Attempt(accepted=False, stage="endpoint", reason=reply.error,
+                                    seconds=round(time.perf_counter() - t0, 3), **common))
+            log.warning("LLM endpoint error for %s: %s", task.name, reply.error)
+            break  # an endpoint problem is not something the model can repair
+        code = extract_code(reply.text)
+        if code is None:
+            stage, reason, detail, verdict = "extract", NO_CODE_DETAIL, NO_CODE_DETAIL, None
+        else:
+            verdict = verify(code, task, target=cfg.target, limits=limits)
+            stage, reason, detail = verdict.stage, verdict.reason, verdict.detail
+        att = Attempt(accepted=verdict is not None and verdict.ok, stage=stage, reason=reason,
+                      seconds=round(time.perf_counter() - t0, 3),
+                      max_abs_diff=verdict.max_abs_diff if verdict is not None else None, **common)
+        attempts.append(att)
+        log.info("LLM kernel %s round %d: %s (%s)", task.name, rnd, "accepted" if att.accepted else "rejected", reason)
+        if att.accepted and code is not None:
+            info, _ = static_checks(code, task)
+            cache.store(key, code, {"task": task.name, "llm_model": cfg.model, "prompt_version": PROMPT_VERSION,
+                                    "target": cfg.target, "rounds": rnd, "tokens": sum(a.tokens for a in attempts)})
+            return WriterResult(code, True, attempts, kernel_name=info.name if info else "", cache_key=key,
+                                reason=f"accepted in round {rnd} of {cfg.max_rounds + 1} "
+                                       f"({sum(a.tokens for a in attempts)} tokens)")
+        if stage == "reference":
+            break  # the caller's reference is broken: asking the model again cannot help
+        messages = base + [{"role": "assistant", "content": reply.text},
+                           {"role": "user", "content": repair_message(stage, detail)}]
+    last = attempts[-1] if attempts else None
+    why = last.reason if last else "no attempt was made"
+    if last is not None and last.stage == "endpoint":
+        reason = f"LLM endpoint unavailable: {why}"
+    else:
+        reason = f"no verified kernel after {len(attempts)} round(s); last: {why}"
+    return WriterResult(None, False, attempts, cache_key=key, reason=reason[:400])

@@ -66,13 +66,13 @@ def _consts_needed(program: ir.KernelProgram) -> dict[str, torch.Tensor]:
 
 def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: int = 16 * KIB, ring: int = 4,
              sbuf_budget_bytes: int = 0, model: str = "", region: str = "", check: bool = True,
-             cached_source: str | None = None) -> GeneratedKernel:
+             cached_source: str | None = None, layouts: dict[str, Layout] | None = None) -> GeneratedKernel:
     """Emit NKI source for ``program``; raise :class:`CodegenError` if a template, layout or budget rule fails."""
     t0 = time.perf_counter()
     if ring < 2:
         raise CodegenError("weight streaming needs at least 2 ring buffers")
     T = program.tokens
-    layouts = plan_layouts(program)
+    layouts = dict(layouts) if layouts is not None else plan_layouts(program)
     constants = _consts_needed(program)
     const_vars: dict[str, str] = {}
     pre_code: list[str] = []

@@ -38,6 +38,7 @@ class KernelStats:
         self.executed_by: dict[int, str] = {}
         self.verification: dict[int, str] = {}
         self.kernels: list[dict] = []
+        self.run: Any = None  # the executor's per-graph runner (plans, last inputs)
 
 
 class NkiExecutor:
@@ -93,7 +94,9 @@ class _Run:
             warn(f"{plans[k].label}: the value of {node} is needed outside the kernel but not produced by it; "
                  "it runs on the eager path")
         self.steps = steps
+        self.last_args: list | None = None  # the latest call's inputs (for bisection tools)
         self.stats = KernelStats()
+        self.stats.run = self
         for k, p in enumerate(plans):
             self.stats.executed_by[p.region.id] = executor.name if k in self.active else "eager"
         program.execution[graph_index] = self.stats
@@ -136,6 +139,7 @@ class _Run:
         return steps, None
 
     def __call__(self, args: Sequence[Any]) -> list:
+        self.last_args = list(args)
         env = dict(zip(self.input_ids, args))
         if any(not self.plans[s.index].disabled for s in self.steps if isinstance(s, KernelSlot)):
             env = self._run_with_kernels(env)
@@ -184,13 +188,8 @@ class _Run:
                 out[name] = plan.prepared[name][2]
             elif src.kind == "state":
                 out[name] = t
-            else:  # per-step input: flatten to the kernel's shape, cast indices to int32
-                v = t.detach()
-                if src.convert == "bool_mask":
-                    v = torch.zeros(v.shape, dtype=torch.float32).masked_fill(~v, torch.finfo(torch.float32).min)
-                if v.numel() == 1 and len(src.shape) == 1 and src.shape[0] > 1:
-                    v = v.reshape(1).expand(src.shape[0])
-                out[name] = v.reshape(src.shape).to(spec.dtype).contiguous()
+            else:
+                out[name] = marshal_input(src, spec.dtype, t)
         return out
 
     def _launch(self, plan: KernelPlan, env: dict, state_override: dict | None = None) -> dict[str, torch.Tensor]:
@@ -247,6 +246,17 @@ class _Run:
         else:
             plan.trusted = True
             self.stats.verification[plan.region.id] = "passed"
+
+
+def marshal_input(src: Any, dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor:
+    """A per-step input as the kernel reads it: flattened to the kernel shape, indices as int32, boolean
+    masks (True = attend) as additive fp32 masks."""
+    v = t.detach()
+    if src.convert == "bool_mask":
+        v = torch.zeros(v.shape, dtype=torch.float32).masked_fill(~v, torch.finfo(torch.float32).min)
+    if v.numel() == 1 and len(src.shape) == 1 and src.shape[0] > 1:
+        v = v.reshape(1).expand(src.shape[0])
+    return v.reshape(src.shape).to(dtype).contiguous()
 
 
 def _compare(what: str, got: torch.Tensor, expected: torch.Tensor, settings: Settings) -> list[str]:

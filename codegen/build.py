@@ -43,51 +43,77 @@ def _abstract_args(generated: Any) -> list:
     return args
 
 
-def build_decode_kernel(model: str = "qwen3-30b-a3b", *, target: str = "trn2", profile: bool = True,
-                        options: dict | None = None, case_kwargs: dict | None = None,
-                        progress: Callable[[str], None] | None = None) -> KernelBuild:
-    """Capture, match, lower, generate and (shape-only) profile the decode-step megakernel of ``model``."""
-    from fusegraph import nkisim
-    from fusegraph.executors.kernels import _tokens
+@dataclass
+class CapturedStep:
+    """A bundled model's decode step captured and analyzed once (reused for several targets)."""
+
+    model: str
+    program: Any
+    analysis: Any
+    settings_options: dict
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def capture_decode(model: str, *, options: dict | None = None, case_kwargs: dict | None = None,
+                   progress: Callable[[str], None] | None = None) -> CapturedStep:
     from fusegraph.inspection import capture_step
     from fusegraph.matching import analyze
     from fusegraph.models import build_decode
+    from fusegraph.settings import Settings
+
+    say = progress or (lambda msg: None)
+    opts = {"executor": "eager", **(options or {})}
+    t0 = time.perf_counter()
+    say(f"building {model}")
+    case = build_decode(model, **(case_kwargs or {}))
+    say("capturing the decode step")
+    cap = capture_step(case.step, case.token, case.position, options=opts)
+    t1 = time.perf_counter()
+    say("matching patterns and forming regions")
+    analysis = analyze(cap.program, Settings.from_options(opts))
+    return CapturedStep(model=model, program=cap.program, analysis=analysis, settings_options=opts,
+                        timings={"capture_s": t1 - t0, "match_s": time.perf_counter() - t1})
+
+
+def build_for_target(step: CapturedStep, target: str, *, profile: bool = True,
+                     progress: Callable[[str], None] | None = None) -> KernelBuild:
+    """Lower, generate and (shape-only) profile the decoder-stack kernel of a captured step for ``target``."""
+    from fusegraph import nkisim
+    from fusegraph.executors.kernels import _tokens
     from fusegraph.settings import Settings
 
     from .lowering import lower_region
     from .megakernel import generate
 
     say = progress or (lambda msg: None)
-    timings: dict[str, float] = {}
-    opts = {"executor": "eager", "target": target, **(options or {})}
-    settings = Settings.from_options(opts)
-    t0 = time.perf_counter()
-    say(f"building {model}")
-    case = build_decode(model, **(case_kwargs or {}))
-    say("capturing the decode step")
-    cap = capture_step(case.step, case.token, case.position, options=opts)
-    timings["capture_s"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    say("matching patterns and forming regions")
-    analysis = analyze(cap.program, settings)
-    timings["match_s"] = time.perf_counter() - t1
-    region = max(analysis.regions, key=lambda r: len(r.matches))
+    settings = Settings.from_options({**step.settings_options, "target": target})
+    timings = dict(step.timings)
+    region = max(step.analysis.regions, key=lambda r: len(r.matches))
     t2 = time.perf_counter()
-    say(f"lowering and generating the megakernel ({len(region.matches)} matches, {len(region.layers)} layers)")
-    lowered = lower_region(cap.program, region, _tokens(cap.program, region), name="fusegraph_decode_step")
+    say(f"lowering and generating the megakernel for {target} ({len(region.matches)} matches, {len(region.layers)} layers)")
+    lowered = lower_region(step.program, region, _tokens(step.program, region), name="fusegraph_decode_step")
     generated = generate(lowered.program, target=target, chunk_bytes=settings.weight_chunk_kib * 1024,
-                         ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, model=model,
-                         region=f"region {region.id} ({region.kind})")
+                         ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, model=step.model,
+                         region=f"region {region.id} ({region.kind})", lnc=settings.lnc)
     timings["codegen_s"] = time.perf_counter() - t2
-    build = KernelBuild(model=model, target=target, program=cap.program, analysis=analysis, region=region,
+    build = KernelBuild(model=step.model, target=target, program=step.program, analysis=step.analysis, region=region,
                         lowered=lowered, generated=generated, timings=timings)
     if profile:
         t3 = time.perf_counter()
         say(f"shape-only run of {generated.stats['lines']} kernel lines on {target}")
-        ns = nkisim.load_kernel_source(generated.source, f"<fusegraph:{model}>", target=target)
+        ns = nkisim.load_kernel_source(generated.source, f"<fusegraph:{step.model}>", target=target)
         kwargs = {"sbuf_budget": settings.sbuf_budget} if settings.sbuf_budget else {}
-        nkisim.run(ns[generated.name], *_abstract_args(generated), target=target, shape_only=True, **kwargs)
+        nkisim.run(ns[generated.name], *_abstract_args(generated), target=target, shape_only=True, lnc=settings.lnc,
+                   **kwargs)
         build.profile = nkisim.last_profile().to_dict()
         timings["profile_s"] = time.perf_counter() - t3
-    timings["total_s"] = time.perf_counter() - t0
     return build
+
+
+def build_decode_kernel(model: str = "qwen3-30b-a3b", *, target: str = "trn2", profile: bool = True,
+                        options: dict | None = None, case_kwargs: dict | None = None,
+                        progress: Callable[[str], None] | None = None) -> KernelBuild:
+    """Capture, match, lower, generate and (shape-only) profile the decode-step megakernel of ``model``."""
+    step = capture_decode(model, options={"target": target, **(options or {})}, case_kwargs=case_kwargs,
+                          progress=progress)
+    return build_for_target(step, target, profile=profile, progress=progress)

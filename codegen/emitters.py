@@ -40,6 +40,12 @@ class Context:
     consts: dict[str, str]  # constant role -> SBUF variable
     inputs: dict[str, str]  # per-step input role -> SBUF variable (ids, kv index, cos/sin, mask)
     specs: dict = field(default_factory=dict)  # kernel argument name -> bind.ArgSpec (kernel shapes/dtypes)
+    lnc: int = 1  # 2: the two cores of a logical core split the work (program id `pid`)
+    store_only: set = field(default_factory=set)  # values read only by Store instructions (no exchange needed)
+
+    def split(self, n: int) -> int:
+        """Items per core when ``n`` items are split between the LNC=2 cores (0: not split)."""
+        return n // 2 if self.lnc == 2 and n >= 2 and n % 2 == 0 else 0
 
     def shape(self, v: ir.Value) -> tuple[int, ...]:
         return tuple(self.specs[v.name].shape) if v.name in self.specs else tuple(v.shape)
@@ -148,8 +154,10 @@ def _linear_chunks(n_total: int, per_nt_bytes: int, chunk_bytes: int) -> list[tu
 
 def linear_pieces(e: Emitted, *, name: str, x: str, tok: str, out: str, w_hbm: str, w_src: Callable[[int, int], str],
                   Pk: int, KT: int, Pn: int, NT: int, T: int, wdtype: torch.dtype, chunk_bytes: int, earliest: int,
-                  index: int, bias: str | None = None, out_tok: str = ":") -> None:
-    """Chunked weight-stationary matmuls: out[:, nt, tok] = sum_kt W[:, nt, kt, :]^T x[:, kt, tok]."""
+                  index: int, bias: str | None = None, out_tok: str = ":", base: str = "") -> None:
+    """Chunked weight-stationary matmuls: out[:, nt, tok] = sum_kt W[:, nt, kt, :]^T x[:, kt, tok].
+
+    ``base``: an expression added to every output chunk index (this core's first chunk under LNC=2)."""
     if Pn > PMAX or Pk > PMAX:
         raise CodegenError(f"linear tile {Pk}x{Pn} exceeds {PMAX} partitions")
     if T > PSUM_FREE_FP32:
@@ -159,8 +167,8 @@ def linear_pieces(e: Emitted, *, name: str, x: str, tok: str, out: str, w_hbm: s
         chunk = Chunk(shape=(Pk, n1 - n0, KT, Pn), dtype=nl_dtype(wdtype), src=w_src(n0, n1), name=f"{name}.w{n0}",
                       earliest=earliest, nbytes_per_partition=(n1 - n0) * per_nt)
         e.pieces.append(ChunkUse(chunk, index))
-        e.code("linear_chunk.j2", n=n1 - n0, n0=n0, ps=f"{out}_ps", Pn=Pn, T=T, KT=KT, w=chunk.token, x=x, tok=tok,
-               out=out, name=name, bias=bias, out_tok=out_tok)
+        e.code("linear_chunk.j2", n=n1 - n0, n0=f"{base}{n0}", ps=f"{out}_ps", Pn=Pn, T=T, KT=KT, w=chunk.token, x=x,
+               tok=tok, out=out, name=name, bias=bias, out_tok=out_tok)
     e.psum_banks = max(e.psum_banks, 1)
 
 
@@ -172,9 +180,13 @@ def _linear(ins: ir.Linear, ctx: Context, i: int) -> Emitted:
     e = Emitted(sbuf=lo.FT * T * _bytes(ins.out.dtype))
     name = _inst_name(ins)
     out = ctx.var(ins.out)
+    half = ctx.split(lo.FT)
+    nt_here = half or lo.FT
+    base = f"pid * {half} + " if half else ""
     e.code("linear_open.j2", module=ins.module or "", aten=_aten(ins), N=N, K=K, out=out, Pn=lo.P, NT=lo.FT, T=T,
            dtype=nl_dtype(ins.out.dtype), name=name,
-           nchunks=len(_linear_chunks(lo.FT, li.FT * lo.P * _bytes(ins.weight.dtype), ctx.chunk_bytes)))
+           nchunks=len(_linear_chunks(nt_here, li.FT * lo.P * _bytes(ins.weight.dtype), ctx.chunk_bytes))
+           * (2 if half else 1))
     w = ctx.var(ins.weight)
     bias = None
     if ins.bias is not None:
@@ -183,9 +195,15 @@ def _linear(ins: ir.Linear, ctx: Context, i: int) -> Emitted:
                       nbytes_per_partition=shape[-1] * _bytes(dt))
         e.pieces.append(ChunkUse(chunk, i))
         bias = chunk.token
-    linear_pieces(e, name=name, x=ctx.var(ins.x), tok=":", out=out, w_hbm=w,
-                  w_src=lambda n0, n1: f"{w}[:, {n0}:{n1}, :, :]", Pk=li.P, KT=li.FT, Pn=lo.P, NT=lo.FT, T=T,
-                  wdtype=ins.weight.dtype, chunk_bytes=ctx.chunk_bytes, earliest=0, index=i, bias=bias)
+
+    def src(n0: int, n1: int) -> str:
+        return f"{w}[:, nl.ds({base}{n0}, {n1 - n0}), :, :]" if half else f"{w}[:, {n0}:{n1}, :, :]"
+
+    linear_pieces(e, name=name, x=ctx.var(ins.x), tok=":", out=out, w_hbm=w, w_src=src, Pk=li.P, KT=li.FT,
+                  Pn=lo.P, NT=nt_here, T=T, wdtype=ins.weight.dtype, chunk_bytes=ctx.chunk_bytes, earliest=0,
+                  index=i, bias=bias, base=base)
+    if half and ins.out.name not in ctx.store_only:
+        e.code("lnc_exchange.j2", what=f"{ins.module or 'linear'} output chunks", x=out, half=half, name=name)
     return e
 
 
@@ -211,7 +229,7 @@ def _kv_write(ins: ir.KVWrite, ctx: Context, i: int) -> Emitted:
         raise CodegenError(f"KV cache batch {B} != {ctx.tokens} decode tokens (multi-token steps are not supported)")
     e = Emitted()
     e.code("kv_write.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), T=ctx.tokens, D=D, H=H, L=L,
-           cache=ctx.var(ins.cache), index=ctx.inputs["kv_index"], value=ctx.var(ins.value))
+           cache=ctx.var(ins.cache), index=ctx.inputs["kv_index"], value=ctx.var(ins.value), half=ctx.split(H))
     return e
 
 
@@ -243,7 +261,9 @@ def _attention(ins: ir.Attention, ctx: Context, i: int) -> Emitted:
            e=f"{v}_e", ssum=f"{v}_ssum", rsum=f"{v}_rsum", p=f"{v}_p", ops=f"{v}_ops", pTps=f"{v}_pTps",
            pT=f"{v}_pT", vn=f"{v}_vn", q=ctx.var(ins.q), k_cache=ctx.var(ins.k_cache), v_cache=ctx.var(ins.v_cache),
            tiles=_tiles(L, PMAX), chunks=[(c, s) for c, s, _ in _tiles(L, MOVING_MAX)], scale=repr(float(ins.scale)),
-           exact_rounding=exact, score_dtype=nl_dtype(ins.q.dtype if exact else torch.float32))
+           exact_rounding=exact, score_dtype=nl_dtype(ins.q.dtype if exact else torch.float32),
+           g_range=f"pid * {ctx.split(Hkv)}, pid * {ctx.split(Hkv)} + {ctx.split(Hkv)}" if ctx.split(Hkv) else str(Hkv),
+           half=ctx.split(Hkv) * G if ctx.split(Hkv) else 0)
     return e
 
 
@@ -319,10 +339,12 @@ def _experts(ins: ir.Experts, ctx: Context, i: int) -> Emitted:
            acc=f"{out}_acc", wb=wb, wbps=f"{out}_wbps", sel=ctx.consts["selectors"], weights=ctx.var(ins.weights))
     gu, dn = ctx.var(ins.gate_up), ctx.var(ins.down)
     idx = ctx.var(ins.indices)
+    kh = ctx.split(K)
     for t in range(T):
-        for k in range(K):
-            sel = f"{idx}[{t}:{t + 1}, {k}:{k + 1}]"
-            sub = f"{name}.t{t}k{k}"
+        for kk in range(kh or K):
+            k = f"pid * {kh} + {kk}" if kh else str(kk)
+            sel = f"{idx}[{t}:{t + 1}, nl.ds({k}, 1)]"
+            sub = f"{name}.t{t}k{kk}"
             gu_tile = f"{out}_gu"
             e.code("linear_open.j2", module=f"{ins.module or 'experts'} gate/up of expert idx[{t},{k}]", aten="bmm",
                    N=NTg * Pg, K=KT * Pk, out=gu_tile, Pn=Pg, NT=NTg, T=1, dtype=nl_dtype(dt), name=sub,
@@ -350,7 +372,8 @@ def _experts(ins: ir.Experts, ctx: Context, i: int) -> Emitted:
                           earliest=i, index=i)
             e.code("experts_accumulate.j2", name=sub, yw=f"{out}_yw", y=y, wb=wb, t=t, k=k, acc=f"{out}_acc",
                    Ph=Ph, FTh=NTo, dtype=nl_dtype(dt))
-    e.code("experts_close.j2", out=out, acc=f"{out}_acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name)
+    e.code("experts_close.j2", out=out, acc=f"{out}_acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name,
+           lnc=bool(kh))
     return e
 
 
@@ -456,8 +479,13 @@ def _store(ins: ir.Store, ctx: Context, i: int) -> Emitted:
     lay = ctx.layout(ins.x)
     F = ins.x.features
     # partition-major: FT contiguous features per partition; chunk-major: one element per descriptor (slow)
-    pattern = [[lay.FT, lay.P], [1, lay.FT], [F, ctx.tokens]] if lay.pmajor else [[1, lay.P], [lay.P, lay.FT], [F, ctx.tokens]]
+    half = ctx.split(lay.FT) if ins.x.name in ctx.store_only else 0
+    n = half or lay.FT
+    pattern = [[lay.FT, lay.P], [1, n], [F, ctx.tokens]] if lay.pmajor else [[1, lay.P], [lay.P, n], [F, ctx.tokens]]
+    offset = (f"pid * {half}" if lay.pmajor else f"pid * {half * lay.P}") if half else "0"
+    src = f"{ctx.var(ins.x)}[:, nl.ds(pid * {half}, {half}), :]" if half else ctx.var(ins.x)
     e = Emitted()
     e.code("store.j2", what=ins.dst.name, T=ctx.tokens, F=F, P=lay.P, FT=lay.FT, dst=ctx.var(ins.dst),
-           x=ctx.var(ins.x), name=_inst_name(ins), pattern=pattern, contiguous=lay.pmajor)
+           x=src, name=_inst_name(ins), pattern=pattern, contiguous=lay.pmajor, offset=offset,
+           only_core0=ctx.lnc == 2 and not half)
     return e

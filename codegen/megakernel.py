@@ -66,11 +66,14 @@ def _consts_needed(program: ir.KernelProgram) -> dict[str, torch.Tensor]:
 
 def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: int = 16 * KIB, ring: int = 4,
              sbuf_budget_bytes: int = 0, model: str = "", region: str = "", check: bool = True,
-             cached_source: str | None = None, layouts: dict[str, Layout] | None = None) -> GeneratedKernel:
+             cached_source: str | None = None, layouts: dict[str, Layout] | None = None,
+             lnc: int = 1) -> GeneratedKernel:
     """Emit NKI source for ``program``; raise :class:`CodegenError` if a template, layout or budget rule fails."""
     t0 = time.perf_counter()
     if ring < 2:
         raise CodegenError("weight streaming needs at least 2 ring buffers")
+    if lnc not in (1, 2):
+        raise CodegenError(f"lnc must be 1 or 2, got {lnc}")
     T = program.tokens
     layouts = dict(layouts) if layouts is not None else plan_layouts(program)
     constants = _consts_needed(program)
@@ -106,8 +109,15 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
                 pre_code.append(render("rope_tables.j2", indent=4, var=var, heads=heads, P=ins.head_dim, T=T,
                                        dtype=nl_dtype(val.dtype), src=val.name))
     specs = arg_specs(program, layouts)
+    readers: dict[str, set] = {}
+    for ins in program.instructions:
+        for v in ins.reads():
+            readers.setdefault(v.name, set()).add(type(ins))
+    store_only = {n for n, kinds in readers.items() if kinds == {ir.Store}}
     ctx = Context(tokens=T, layouts=layouts, target=target, chunk_bytes=chunk_bytes, consts=const_vars, inputs=inputs,
-                  specs=specs)
+                  specs=specs, lnc=lnc, store_only=store_only)
+    if lnc == 2:
+        pre_code.insert(0, "    pid = nl.program_id(axis=0)  # LNC=2: this core's half of the work\n")
 
     pieces: list = []
     current_layer: object = "start"
@@ -152,7 +162,7 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
                for v in program.outputs if v.kind == ir.ValueKind.OUTPUT]
     source = cached_source or (
         render("header.j2", version=_version(), model=model or "?", region=region or "decoder stack", target=target,
-               tokens=T, layers=len(program.layers()), ring=ring)
+               tokens=T, layers=len(program.layers()), ring=ring, lnc=lnc)
         + render("kernel_open.j2", name=name, args=args, outputs=outputs, constants=const_loads)
         + "".join(pre_code)
         + body
@@ -165,7 +175,7 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
         if violations:
             raise CodegenError("generated kernel does not conform to the NKI API tables: "
                                + "; ".join(str(v) for v in violations[:5]))
-    stats = dict(stream_stats, codegen_seconds=round(time.perf_counter() - t0, 4), lines=source.count("\n"),
+    stats = dict(stream_stats, lnc=lnc, codegen_seconds=round(time.perf_counter() - t0, 4), lines=source.count("\n"),
                  instructions=len(program.instructions), templates=templates_hash())
     return GeneratedKernel(name=name, source=source, program=program, layouts=layouts, budget=budget, args=args,
                            constants=constants, specs=specs, stats=stats)

@@ -39,12 +39,13 @@ class InterpretedKernel:
     """A generated kernel loaded into the interpreter; call with a mapping from argument name to tensor."""
 
     def __init__(self, kernel: GeneratedKernel, target: str = "trn2", filename: str | None = None,
-                 sbuf_budget: int = 0) -> None:
+                 sbuf_budget: int = 0, lnc: int | None = None) -> None:
         from fusegraph import nkisim
 
         self.kernel = kernel
         self.target = target
         self.sbuf_budget = sbuf_budget
+        self.lnc = lnc or kernel.stats.get("lnc", 1)
         self.filename = filename or f"<fusegraph:{kernel.name}>"
         ns = nkisim.load_kernel_source(kernel.source, self.filename, target=target)
         self._fn = ns[kernel.name]
@@ -69,7 +70,8 @@ class InterpretedKernel:
             else:
                 args.append(to_numpy(t))
         kwargs = {"sbuf_budget": self.sbuf_budget} if self.sbuf_budget else {}
-        out = nkisim.run(self._fn, *args, target=self.target, shape_only=shape_only, assume=assume, **kwargs)
+        out = nkisim.run(self._fn, *args, lnc=self.lnc, target=self.target, shape_only=shape_only, assume=assume,
+                         **kwargs)
         outs = out if isinstance(out, tuple) else (out,)
         if shape_only:
             return list(outs)

@@ -104,6 +104,12 @@ class Settings:
     weight_buffers: int = _opt(4, "SBUF ring buffers weight chunks stream through (DMAs are issued this many chunks minus one ahead).")
     weight_chunk_kib: int = _opt(16, "Target size of one streamed weight chunk, in KiB per partition.")
     sbuf_budget: int = _opt(0, "Usable SBUF bytes per partition (0 = the target's SBUF minus a 16 KiB reserve).")
+    lnc: int = _opt(
+        1,
+        "Logical NeuronCore config of the kernel launch: 2 splits projections, kv heads and MoE experts between the "
+        "two physical cores of a logical core (halves exchanged with sendrecv), 1 runs on one core.",
+        (1, 2),
+    )
     # ---- matching and regions (names as in Torch-TensorRT where one exists) ----------------------------------
     min_region_size: int = _opt(
         5,

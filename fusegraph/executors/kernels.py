@@ -89,7 +89,7 @@ def cache_key(program_ir: Any, target: str, settings: Settings, region: Any) -> 
                 continue
             h.update(f"{k}={_fingerprint(v)};".encode())
     h.update(target.encode())
-    h.update(f"{settings.weight_buffers}/{settings.weight_chunk_kib}/{settings.sbuf_budget}".encode())
+    h.update(f"{settings.weight_buffers}/{settings.weight_chunk_kib}/{settings.sbuf_budget}/lnc{settings.lnc}".encode())
     h.update(templates_hash().encode())
     h.update(_pattern_fingerprint(region).encode())
     return h.hexdigest()[:24]
@@ -127,7 +127,7 @@ def build_plans(program: Program, graph_index: int, analysis: Any, settings: Set
             cached, path = _cache_read(settings, key)
             generated = generate(lowered.program, target=settings.target, chunk_bytes=settings.weight_chunk_kib * 1024,
                                  ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget,
-                                 region=label, cached_source=cached)
+                                 region=label, cached_source=cached, lnc=settings.lnc)
             if cached is None:
                 _cache_write(settings, key, generated)
             _dump(settings, label, region, generated)

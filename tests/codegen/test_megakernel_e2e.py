@@ -146,3 +146,17 @@ def test_bisection_names_the_first_divergent_op(monkeypatch):
     assert d.opcode == "rope" and d.layer == 0 and d.reference_ok
     assert "model.layers.0.self_attn" in (d.module or "")
     assert "aten.mul.Tensor" in d.aten_ops
+
+
+def test_lnc2_megakernel_matches_eager():
+    case = build_decode("qwen3-moe-tiny")
+    ref = case.fork()
+    step = _compile(case, lnc=2)
+    toks_c, logits_c = greedy_decode(step, case.token, case.position, 6)
+    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, 6)
+    stats = _execution()
+    assert stats.launches_per_call == 1 and list(stats.verification.values()) == ["passed"]
+    assert nkisim.last_profile().lnc == 2
+    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
+    for a, b in zip(logits_c, logits_e):
+        assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()

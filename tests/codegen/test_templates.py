@@ -112,3 +112,44 @@ def test_router_and_selective_experts(dtype, normalize):
     gen, res, ref, _ = b.run(chunk_bytes=4096)
     _check(gen, res, ref, "y", dtype)
     _check(gen, res, ref, "g", dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lnc2_split_matches_lnc1(dtype):
+    """LNC=2: projections, kv heads and experts split between the two cores, halves swapped by sendrecv."""
+    torch.manual_seed(4)
+    T, H, Hq, Hkv, D, L, E, I, K = 1, 256, 4, 2, 64, 32, 8, 64, 2
+    b = Builder(T)
+    x = b.act("x", torch.randn(T, H, dtype=dtype))
+    q = b.new("q", Hq * D, dtype)
+    b.ins.append(ir.Linear(x=x, weight=b.hbm("w_q", (torch.randn(Hq * D, H) / 16).to(dtype)), out=q, layer=0))
+    k = b.new("k", Hkv * D, dtype)
+    b.ins.append(ir.Linear(x=x, weight=b.hbm("w_k", (torch.randn(Hkv * D, H) / 16).to(dtype)), out=k, layer=0))
+    kc = b.hbm("k_cache", torch.randn(T, Hkv, L, D, dtype=dtype), V.STATE)
+    vc = b.hbm("v_cache", torch.randn(T, Hkv, L, D, dtype=dtype), V.STATE)
+    idx = b.hbm("kv_idx", torch.tensor([7], dtype=torch.int32), V.INPUT)
+    mask = torch.zeros(T, L)
+    mask[:, 8:] = torch.finfo(torch.float32).min
+    b.ins.append(ir.KVWrite(cache=kc, value=k, index=idx, layer=0))
+    b.ins.append(ir.KVWrite(cache=vc, value=k, index=idx, layer=0))
+    o = b.new("o", Hq * D, dtype)
+    b.ins.append(ir.Attention(q=q, k_cache=kc, v_cache=vc, mask=b.hbm("mask", mask.to(dtype), V.INPUT), out=o,
+                              scale=D ** -0.5, groups=Hq // Hkv, layer=0))
+    wts = b.new("rw", K, dtype, V.ROUTING)
+    ids = ir.Value("ri", V.ROUTING, (T, K), torch.int32)
+    b.ins.append(ir.Router(x=x, weight=b.hbm("w_router", torch.randn(E, H).to(dtype)), weights=wts, indices=ids,
+                           top_k=K, normalize=True, layer=0))
+    y = b.new("y", H, dtype)
+    b.ins.append(ir.Experts(x=x, weights=wts, indices=ids, gate_up=b.hbm("w_gu", (torch.randn(E, 2 * I, H) / 16).to(dtype)),
+                            down=b.hbm("w_dn", (torch.randn(E, H, I) / 8).to(dtype)), out=y, intermediate=I, layer=0))
+    logits = b.new("logits", 512, dtype)
+    b.ins.append(ir.Linear(x=y, weight=b.hbm("w_head", (torch.randn(512, H) / 16).to(dtype)), out=logits))
+    b.store(o)
+    b.store(logits)
+    gen1, res1, ref, kern1 = b.run()
+    gen2, res2, _, kern2 = b.run(lnc=2)
+    assert "nisa.sendrecv(" in gen2.source and "pid = nl.program_id(axis=0)" in gen2.source
+    for name in ("o", "logits"):
+        _check(gen2, res2, ref, name, dtype)
+        torch.testing.assert_close(res2[f"out_{name}"].float(), res1[f"out_{name}"].float(), **TOL[dtype])
+    assert torch.equal(kern2["k_cache"], kern1["k_cache"]) and torch.equal(kern2["v_cache"], kern1["v_cache"])

@@ -24,6 +24,7 @@ from ..warnings import warn
 from .base import Runner
 from .eager import _resolver, build_plan, run_plan
 from .kernels import KernelPlan, build_plans
+from .llm_fallback import IslandStep, island_steps, run_island, write_islands
 from .schedule import KernelSlot, build_schedule
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class KernelStats:
         self.verification: dict[int, str] = {}
         self.kernels: list[dict] = []
         self.run: Any = None  # the executor's per-graph runner (plans, last inputs)
+        self.llm: list = []  # llm_fallback.Island per group of ops offered to the LLM kernel writer
 
 
 class NkiExecutor:
@@ -94,12 +96,29 @@ class _Run:
             warn(f"{plans[k].label}: the value of {node} is needed outside the kernel but not produced by it; "
                  "it runs on the eager path")
         self.steps = steps
+        self.islands = self._llm_islands(graph_index)
+        if self.islands:
+            self.steps = island_steps(self.steps, self.islands)
         self.last_args: list | None = None  # the latest call's inputs (for bisection tools)
         self.stats = KernelStats()
         self.stats.run = self
         for k, p in enumerate(plans):
             self.stats.executed_by[p.region.id] = executor.name if k in self.active else "eager"
+        self.stats.llm = self.islands
         program.execution[graph_index] = self.stats
+
+    def _llm_islands(self, graph_index: int) -> list:
+        """Offer the ops left on the eager path to the LLM kernel writer (opt-in, see llm_fallback)."""
+        from ..codegen.lowering import HOST_SIDE
+        from ..llm import enabled
+
+        if not enabled(self.settings):
+            return []
+        covered = set()
+        for k in self.active:
+            covered |= set(self.plans[k].lowered.kernel_nodes)
+        excluded = {n for m in getattr(self.analysis, "matches", []) if m.pattern.template in HOST_SIDE for n in m.nodes}
+        return write_islands(self.program, graph_index, covered, excluded, self.settings)
 
     def _build_steps(self, schedule: list) -> tuple[list, tuple[int, str] | None]:
         """Schedule items -> executable steps; also check every eager op finds its inputs (else: which kernel
@@ -141,7 +160,8 @@ class _Run:
     def __call__(self, args: Sequence[Any]) -> list:
         self.last_args = list(args)
         env = dict(zip(self.input_ids, args))
-        if any(not self.plans[s.index].disabled for s in self.steps if isinstance(s, KernelSlot)):
+        if any(not self.plans[s.index].disabled for s in self.steps if isinstance(s, KernelSlot)) or any(
+                isinstance(s, IslandStep) and not s.island.disabled for s in self.steps):
             env = self._run_with_kernels(env)
         else:
             env = run_plan(self.eager_all, env)
@@ -151,6 +171,12 @@ class _Run:
     def _run_with_kernels(self, env: dict) -> dict:
         launches = 0
         for step in self.steps:
+            if isinstance(step, IslandStep):
+                if step.island.disabled or not run_island(step.island, env, self.program, self.settings):
+                    run_plan(step.eager, env)
+                else:
+                    launches += 1
+                continue
             if not isinstance(step, KernelSlot):
                 n, target, a, kw = step
                 env[n] = target(*a(env), **kw(env))

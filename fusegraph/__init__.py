@@ -17,6 +17,13 @@ _LAZY = {
     "last_capture": ("fusegraph.inspection", "last_capture"),
     "Capture": ("fusegraph.inspection", "Capture"),
     "fusegraph_backend": ("fusegraph.backend", "fusegraph_backend"),
+    "explain": ("fusegraph.report", "explain"),
+    "Report": ("fusegraph.report", "Report"),
+    "analyze": ("fusegraph.matching", "analyze"),
+    "register_pattern": ("fusegraph.matching", "register_pattern"),
+    "Pattern": ("fusegraph.matching", "Pattern"),
+    "Input": ("fusegraph.matching", "Input"),
+    "ACTIVATIONS": ("fusegraph.matching", "ACTIVATIONS"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -55,10 +55,21 @@ def cmd_report(args: argparse.Namespace) -> int:
         same_cache = all(torch.equal(a, b) for a, b in zip(case.cache_tensors(), reference.cache_tensors()))
         summary["check"] = {"max_abs_diff_vs_eager": diff, "kv_cache_equal": same_cache}
         print(f"compiled step vs eager: max |diff| = {diff:.3g}, KV cache equal: {same_cache}")
+    from .report import report_for_session
+
+    report = report_for_session(cap.session)
+    print(report.format())
     if args.json:
+        data = report.to_dict()
+        if "check" in summary:
+            data["check"] = summary["check"]
         with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2, default=str)
+            json.dump(data, f, indent=2, default=str)
         print(f"wrote {args.json}")
+    if getattr(args, "html", None):
+        from .perf.cli import write_report_html
+
+        write_report_html(args, cap, report)
     return 0
 
 
@@ -71,12 +82,23 @@ def cmd_nki_run(args: argparse.Namespace) -> int:
     return nki_cli.main(args.rest)
 
 
+def cmd_export_sft(args: argparse.Namespace) -> int:
+    from .llm.harness import Limits
+    from .llm.sft import export
+
+    stats = export(args.out, max_examples=args.max, seed=args.seed, sweep_name=args.sweep, cards=not args.no_cards,
+                   target=args.target, limits=Limits(timeout_s=args.timeout))
+    print(stats.summary())
+    return 0 if stats.examples or args.max == 0 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fusegraph", description="Fuse an LLM decode step into one NKI megakernel.")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    r = sub.add_parser("report", help="capture a bundled model's decode step and report what was captured")
+    r = sub.add_parser("report", help="capture a bundled model's decode step; print what was captured and the "
+                       "fused-region report")
     r.add_argument("--model", default="qwen3-moe-tiny", help="bundled model name (see `fusegraph models`)")
     r.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: the model's)")
     r.add_argument("--attn", default="eager", help="HF attention implementation: eager | sdpa")
@@ -85,7 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--layers", type=int, default=None, help="override the number of decoder layers")
     r.add_argument("--max-cache-len", type=int, default=32)
     r.add_argument("--option", action="append", default=[], metavar="NAME=VALUE", help="a fusegraph option (repeatable)")
-    r.add_argument("--json", default=None, help="also write the report as JSON to this path")
+    r.add_argument("--json", default=None, help="also write the fused-region report (schema: docs/report.md) as JSON")
+    from .perf.cli import add_commands as _perf_commands, add_report_html_flag
+
+    add_report_html_flag(r)
     r.set_defaults(func=cmd_report)
 
     sub.add_parser("models", help="list the bundled model configs").set_defaults(func=cmd_models)
@@ -93,10 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--markdown", action="store_true", help="as the markdown table of docs/options.md")
     o.set_defaults(func=cmd_options)
 
+    e = sub.add_parser("export-sft", help="write verified chat-format NKI training data (kernels + API fact cards)")
+    e.add_argument("out", metavar="OUT.jsonl", help="output file (a side file OUT.meta.jsonl is written next to it)")
+    e.add_argument("--max", type=int, default=None, help="at most N kernel examples")
+    e.add_argument("--seed", type=int, default=0, help="shuffles the sweep before --max and seeds verification")
+    e.add_argument("--sweep", default="small", choices=("small", "large"), help="shapes x dtypes to export")
+    e.add_argument("--no-cards", action="store_true", help="kernel examples only")
+    e.add_argument("--target", default="trn2", choices=("trn2", "trn3"))
+    e.add_argument("--timeout", type=float, default=120.0, help="verification time limit per example (s)")
+    e.set_defaults(func=cmd_export_sft)
+
     n = sub.add_parser("nki-run", help="run an NKI kernel file on CPU with fusegraph's interpreter",
                        add_help=False)
     n.add_argument("rest", nargs=argparse.REMAINDER)
     n.set_defaults(func=cmd_nki_run)
+    _perf_commands(sub)
     return p
 
 

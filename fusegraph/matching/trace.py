@@ -1,0 +1,446 @@
+"""Trace a pattern function into a small networkx pattern graph, through the backend's own capture path.
+
+The function runs under ``aot_autograd`` (functionalization, ``keep_inference_input_mutations=True``) exactly like
+a captured step, and the ATen graph is added to a throw-away :class:`~fusegraph.program.Program` by the same
+``add_graph`` (so ``cache.index_copy_`` becomes the same in-place state write), then canonicalized by the same
+:func:`~.canonicalize.canonicalize`. Nothing here runs dynamo, so tracing also works while dynamo is compiling a
+user's frame (the backend may analyze from inside its compile callback).
+
+Constants in a traced graph are classified by tracing twice, A and B, with different example dim sizes, param
+values and slot options:
+
+* equal in A and B: a literal the program must have too (``pow(x, 2)``);
+* equal to a param's value in both traces: that param (captured from the match, like Inductor's ``KeywordArg``);
+* an integer that scales with the dims (``view(x, [T, 2*I])``): a shape expression, checked against the dims the
+  match binds from its inputs' shapes (so ``slice(x, -1, 0, D/2)`` only matches a half split);
+* a node whose op changed with the slot option: the slot.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Callable, Mapping
+
+import networkx as nx
+import torch
+
+from ..program import Program
+from .canonicalize import HAZARD, CanonicalView, canonicalize
+from .pattern import Implementation, Input, Pattern
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_DIMS = [6, 10, 14, 22, 26, 34, 38, 46]
+_lock = threading.RLock()
+
+
+class PatternTraceError(Exception):
+    """A pattern function could not be traced into a usable pattern graph (the message says why)."""
+
+
+@dataclass
+class PatternNode:
+    """Matching data of one traced pattern op."""
+
+    name: str
+    op: str | None  # None for a slot node
+    positions: tuple[str, ...]
+    dtype: Any
+    lits: tuple[tuple[str, Any], ...]
+    cpaths: frozenset[str]
+    params: tuple[tuple[str, str], ...] = ()
+    exprs: tuple[tuple[str, Fraction, tuple[str, ...]], ...] = ()
+    slot: str | None = None
+    shape: Any = None
+    orig_op: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.op or 'slot ' + str(self.slot)})"
+
+
+@dataclass
+class CompiledVariant:
+    """One traced form of a pattern (implementation x case x dtype), ready for matching."""
+
+    pattern: Pattern
+    name: str
+    dtype: str
+    static: dict[str, Any]
+    fixed_dims: dict[str, int]
+    graph: nx.DiGraph  # op nodes only; node attr "p" = PatternNode, edge attr "pos"
+    inputs: dict[str, list[tuple[str, frozenset]]]  # input name -> [(consumer pattern node, positions)]
+    input_specs: dict[str, Input]
+    input_dtypes: dict[str, Any]
+    outputs: dict[str, str]  # output name -> pattern node
+    slot_signatures: dict[str, dict[tuple, str]] = field(default_factory=dict)  # slot -> {(op, consts): option}
+    takes_dtype: bool = False  # the implementation reads ``dtype`` (its output dtype); matches record it as a param
+    ops: dict[tuple[str, Any], int] = field(default_factory=dict)  # (op, dtype) -> count, slots excluded
+    connected: bool = True
+
+    @property
+    def size(self) -> int:
+        return self.graph.number_of_nodes()
+
+    def node(self, n: str) -> PatternNode:
+        return self.graph.nodes[n]["p"]
+
+
+class _Abort(Exception):
+    pass
+
+
+def trace_program(fn: Callable[..., Any], args: list[torch.Tensor], names: list[str],
+                  weights: frozenset[str] = frozenset()) -> tuple[Program, list[str]]:
+    """Trace ``fn(*args)`` with aot_autograd into a one-graph Program; also return the output node ids."""
+    from torch._functorch.aot_autograd import aot_function
+
+    from ..program.build import DynamoInput, add_graph, node_id
+
+    box: dict[str, Any] = {}
+
+    def compiler(gm: torch.fx.GraphModule, _example: Any) -> Callable:
+        box["gm"] = gm
+        raise _Abort  # no need to run it: the graph is all we want
+
+    traced = aot_function(fn, fw_compiler=compiler, keep_inference_input_mutations=True)
+    try:
+        with torch.no_grad(), torch._guards.tracing(None):
+            traced(*args)
+    except _Abort:
+        pass
+    gm = box.get("gm")
+    if gm is None:
+        raise PatternTraceError("aot_autograd produced no graph")
+    prog = Program()
+    inputs = [DynamoInput(source=n, is_tensor=True, is_parameter=n in weights) for n in names]
+    captured = add_graph(prog, gm, 0, inputs)
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs: list[str] = []
+    flat = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+    for a in flat:
+        if not isinstance(a, torch.fx.Node):
+            raise PatternTraceError(f"pattern output {a!r} is not a tensor computed by the pattern")
+        nid = node_id(0, a.name)
+        if nid not in prog.graph and a.op == "call_function" and str(a.target) == "aten.copy_.default":
+            dst = node_id(0, a.args[0].name)  # a state written in place: the value is the in-place writer's
+            nid = captured.state_writes.get(dst, nid)
+        outs.append(nid)
+    return prog, outs
+
+
+def _parse_dim(token: str, dims: Mapping[str, int]) -> int:
+    if re.fullmatch(r"-?\d+", token):
+        return int(token)
+    value = 1
+    for part in token.split("*"):
+        part = part.strip()
+        value *= int(part) if re.fullmatch(r"\d+", part) else dims[part]
+    return value
+
+
+def _symbols(inputs: tuple[Input, ...]) -> list[str]:
+    out: list[str] = []
+    for i in inputs:
+        for tok in i.dims():
+            for part in tok.split("*"):
+                part = part.strip()
+                if part and not re.fullmatch(r"-?\d+", part) and part not in out:
+                    out.append(part)
+    return out
+
+
+def _example(inputs: tuple[Input, ...], dims: Mapping[str, int], dtype: str, device: str = "cpu") -> list[torch.Tensor]:
+    out = []
+    for i in inputs:
+        shape = tuple(_parse_dim(t, dims) for t in i.dims())
+        dt = getattr(torch, i.dtype or dtype)
+        if dt.is_floating_point:
+            out.append(torch.randn(shape, dtype=dt, device=device))
+        elif dt == torch.bool:
+            out.append(torch.ones(shape, dtype=dt, device=device))
+        else:
+            out.append(torch.zeros(shape, dtype=dt, device=device))
+    return out
+
+
+def _perturb(v: Any) -> Any:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return v + 1
+    if isinstance(v, float):
+        return v * 1.37 + 0.0123
+    return v
+
+
+_slot_cache: dict[tuple, tuple | None] = {}
+
+
+def _slot_signature(option: Callable, dtype: str) -> tuple | None:
+    """(op, consts) of a slot option traced alone; None if it is not exactly one op (cached per process)."""
+    key = (option, dtype)
+    if key not in _slot_cache:
+        _slot_cache[key] = _trace_slot(option, dtype)
+    return _slot_cache[key]
+
+
+def _trace_slot(option: Callable, dtype: str) -> tuple | None:
+    prog, _ = trace_program(lambda x: option(x), [torch.randn(4, dtype=getattr(torch, dtype))], ["x"])
+    cv = canonicalize(prog)
+    if len(cv.op_nodes) != 1:
+        return None
+    d = cv.data.nodes[cv.op_nodes[0]]
+    return (d["op"], tuple(sorted(d["consts"].items())))
+
+
+def _expr(va: int, vb: int, da: Mapping[str, int], db: Mapping[str, int]) -> tuple[Fraction, tuple[str, ...]] | None:
+    """A (ratio, dims) such that ratio * prod(dims) gives va in trace A and vb in trace B."""
+    syms = sorted(set(da) & set(db))
+    found: list[tuple[Fraction, tuple[str, ...]]] = []
+    for k in (1, 2):
+        for combo in itertools.combinations_with_replacement(syms, k):
+            pa = 1
+            pb = 1
+            for s in combo:
+                pa *= da[s]
+                pb *= db[s]
+            if pa == pb or pa == 0 or pb == 0:
+                continue
+            ratio = Fraction(va, pa)
+            if ratio != 0 and ratio.denominator <= 8 and ratio * pb == vb:
+                found.append((ratio, combo))
+        if found:
+            break
+    return found[0] if len(found) == 1 else None
+
+
+def _compile_one(pattern: Pattern, impl: Implementation, case: Mapping[str, Any], dtype: str,
+                 slot_sigs: dict[str, list[tuple | None]]) -> CompiledVariant:
+    inputs = impl.inputs or pattern.inputs
+    syms = _symbols(inputs)
+    dims_a: dict[str, int] = {}
+    dims_b: dict[str, int] = {}
+    for k, s in enumerate(syms):
+        spec = pattern.dims.get(s, _DEFAULT_DIMS[k % len(_DEFAULT_DIMS)])
+        a, b = (spec, 2 * spec + 2) if isinstance(spec, int) else spec
+        if s in case:
+            a = b = int(case[s])
+        dims_a[s], dims_b[s] = a, b
+    params_a = {k: v for k, v in pattern.params.items()}
+    params_b = {k: _perturb(v) for k, v in pattern.params.items()}
+    static: dict[str, Any] = {}
+    device = str(case.get("_device", "cpu"))  # reserved case key: trace on another device (e.g. "meta")
+    case = {k: v for k, v in case.items() if k != "_device"}
+    for k, v in case.items():
+        if k not in dims_a:
+            params_a[k] = params_b[k] = v
+            static[k] = v
+    for k in pattern.params:
+        if k in case:
+            static[k] = case[k]
+    slots_a = {s: next(iter(slot.options.values())) for s, slot in pattern.slots.items()}
+    slots_b = {s: list(slot.options.values())[1] for s, slot in pattern.slots.items()}
+    accepted = _accepted_kwargs(impl.fn)
+    weights = frozenset(i.name for i in inputs if i.kind == "weight")
+    names = [i.name for i in inputs]
+
+    def run(dims: dict[str, int], params: dict[str, Any], slots: dict[str, Callable]) -> tuple[CanonicalView, list[str]]:
+        kwargs = {**params, **slots, "dtype": getattr(torch, dtype)}
+        if accepted is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        args = _example(inputs, dims, dtype, device)
+        prog, outs = trace_program(lambda *a: impl.fn(*a, **kwargs), args, names, weights)
+        cv = canonicalize(prog)
+        return cv, [cv.rep.get(o, o) for o in outs]
+
+    cv_a, outs_a = run(dims_a, params_a, slots_a)
+    cv_b, outs_b = run(dims_b, params_b, slots_b)
+    nodes_a, nodes_b = list(cv_a.op_nodes), list(cv_b.op_nodes)
+    if len(nodes_a) != len(nodes_b):
+        raise PatternTraceError(
+            f"the traced graph changes with example sizes/params ({len(nodes_a)} vs {len(nodes_b)} ops); hold the "
+            f"dims it depends on fixed with a case (cases=[{{'DIM': 1}}, ...])")
+    a2b = dict(zip(nodes_a, nodes_b))
+    inputs_a = sorted((n for n, d in cv_a.data.nodes(data=True) if d["kind"] == "input"),
+                      key=lambda n: cv_a.program.graph.nodes[n]["position"])
+    inputs_b = sorted((n for n, d in cv_b.data.nodes(data=True) if d["kind"] == "input"),
+                      key=lambda n: cv_b.program.graph.nodes[n]["position"])
+    a2b.update(zip(inputs_a, inputs_b))
+    name_of = dict(zip(inputs_a, names))
+
+    P = nx.DiGraph()
+    slot_sig_map: dict[str, dict[tuple, str]] = {}
+    for s, slot in pattern.slots.items():
+        slot_sig_map[s] = {sig: opt for sig, opt in zip(slot_sigs[s], slot.options) if sig is not None}
+    for na in nodes_a:
+        nb = a2b[na]
+        da, db = cv_a.data.nodes[na], cv_b.data.nodes[nb]
+        if da["positions"] != db["positions"]:
+            raise PatternTraceError(f"op {da['orig_op']} changes its tensor arguments with example sizes")
+        sig_a = (da["op"], tuple(sorted(da["consts"].items())))
+        sig_b = (db["op"], tuple(sorted(db["consts"].items())))
+        slot = None
+        if sig_a != sig_b and da["op"] != db["op"]:
+            for s in pattern.slots:
+                sigs = slot_sigs[s]
+                if len(sigs) > 1 and sig_a == sigs[0] and sig_b == sigs[1]:
+                    slot = s
+            if slot is None:
+                raise PatternTraceError(f"op {da['orig_op']} becomes {db['orig_op']} with other example sizes/params")
+        name = na.split(".", 1)[1]
+        if slot is not None:
+            pn = PatternNode(name=name, op=None, positions=da["positions"], dtype=da["dtype"], lits=(),
+                             cpaths=frozenset(), slot=slot, shape=da["shape"], orig_op=da["orig_op"])
+        else:
+            if set(da["consts"]) != set(db["consts"]):
+                raise PatternTraceError(f"op {da['orig_op']} changes its constant arguments with example sizes")
+            lits, params, exprs = [], [], []
+            for path, va in sorted(da["consts"].items()):
+                vb = db["consts"][path]
+                kind = _classify(va, vb, params_a, params_b, dims_a, dims_b)
+                if kind[0] == "lit":
+                    lits.append((path, va))
+                elif kind[0] == "param":
+                    params.append((path, kind[1]))
+                elif kind[0] == "expr":
+                    exprs.append((path, kind[1], kind[2]))
+                else:
+                    log.debug("pattern %s: %s arg %s is shape-dependent (%r/%r); not checked", pattern.name,
+                              da["orig_op"], path, va, vb)
+            pn = PatternNode(name=name, op=da["op"], positions=da["positions"], dtype=da["dtype"], lits=tuple(lits),
+                             cpaths=frozenset(da["consts"]), params=tuple(params), exprs=tuple(exprs),
+                             shape=da["shape"], orig_op=da["orig_op"])
+        P.add_node(name, p=pn)
+    pname = {n: n.split(".", 1)[1] for n in nodes_a}
+    in_edges: dict[str, list[tuple[str, frozenset]]] = {nm: [] for nm in names}
+    for u, v, e in cv_a.data.edges(data=True):
+        ub, vb_ = a2b.get(u), a2b.get(v)
+        du, dv = cv_a.data.nodes[u], cv_a.data.nodes[v]
+        if dv["kind"] == "output":
+            continue
+        if ub is None or vb_ is None or not cv_b.data.has_edge(ub, vb_) or cv_b.data.edges[ub, vb_]["pos"] != e["pos"]:
+            raise PatternTraceError("the traced graph's edges change with example sizes/params")
+        if du["kind"] == "input":
+            if e["pos"] != HAZARD:
+                in_edges[name_of[u]].append((pname[v], e["pos"]))
+            continue
+        P.add_edge(pname[u], pname[v], pos=e["pos"])
+    outputs: dict[str, str] = {}
+    out_names = list(pattern.outputs)
+    if len(outs_a) != len(out_names):
+        raise PatternTraceError(f"the function returns {len(outs_a)} tensor(s) but outputs={out_names}")
+    for oname, o in zip(out_names, outs_a):
+        if o not in pname:
+            raise PatternTraceError(f"output {oname!r} is not computed by the pattern (it is an input or a no-op of one)")
+        outputs[oname] = pname[o]
+    if P.number_of_nodes() == 0:
+        raise PatternTraceError("the pattern traces to no ATen op")
+    ops: dict[tuple[str, Any], int] = {}
+    for _, d in P.nodes(data=True):
+        pn = d["p"]
+        if pn.op is not None:
+            ops[(pn.op, pn.dtype)] = ops.get((pn.op, pn.dtype), 0) + 1
+    dtypes = {}
+    for nm, n in zip(names, inputs_a):
+        dtypes[nm] = cv_a.data.nodes[n]["dtype"]
+    cname = "".join(f",{k}={v}" for k, v in sorted(case.items()))
+    vname = f"{impl.name}{'[' + cname[1:] + ']' if cname else ''}/{dtype}"
+    return CompiledVariant(
+        pattern=pattern, name=vname, dtype=dtype, static=static,
+        fixed_dims={k: int(v) for k, v in case.items() if k in dims_a}, graph=P, inputs=in_edges,
+        input_specs={i.name: i for i in inputs}, input_dtypes=dtypes, outputs=outputs,
+        slot_signatures=slot_sig_map, ops=ops, connected=nx.is_weakly_connected(P),
+        takes_dtype=accepted is None or "dtype" in accepted,
+    )
+
+
+def _classify(va: Any, vb: Any, pa: dict, pb: dict, da: dict, db: dict) -> tuple:
+    if type(va) is type(vb) and va == vb:
+        return ("lit",)
+    for k in sorted(pa):
+        if pa[k] != pb[k] and _same(pa[k], va) and _same(pb[k], vb):
+            return ("param", k)
+    if isinstance(va, int) and isinstance(vb, int) and not isinstance(va, bool):
+        e = _expr(va, vb, da, db)
+        if e is not None:
+            return ("expr", e[0], e[1])
+    return ("wild",)
+
+
+def _same(p: Any, v: Any) -> bool:
+    if isinstance(p, float) or isinstance(v, float):
+        try:
+            return abs(float(p) - float(v)) <= 1e-12 * max(1.0, abs(float(p)))
+        except (TypeError, ValueError):
+            return False
+    return p == v
+
+
+def _accepted_kwargs(fn: Callable) -> set[str] | None:
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return {p.name for p in sig.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+def compile_pattern(pattern: Pattern, cache_dir: str = "off") -> list[CompiledVariant]:
+    """Every variant of ``pattern`` (cached on it, and on disk under ``cache_dir`` unless it is ``"off"``; see
+    :mod:`.pattern_cache`). Raises :class:`PatternTraceError` if it cannot be traced."""
+    if pattern._compiled is not None:
+        return pattern._compiled
+    with _lock:
+        if pattern._compiled is not None:
+            return pattern._compiled
+        from . import pattern_cache
+
+        root = pattern_cache.cache_root(cache_dir)
+        cache_key = pattern_cache.pattern_key(pattern) if root is not None else None
+        if cache_key is not None:
+            cached = pattern_cache.load(root, cache_key, pattern)
+            if cached is not None:
+                pattern._compiled = cached
+                return cached
+        variants: list[CompiledVariant] = []
+        seen: set = set()
+        for s, slot in pattern.slots.items():
+            if len(slot.options) < 2:
+                raise PatternTraceError(f"slot {s!r} needs at least two options")
+        for impl in pattern.implementations:
+            for dtype in impl.dtypes or pattern.dtypes:
+                slot_sigs = {s: [_slot_signature(o, dtype) for o in slot.options.values()]
+                             for s, slot in pattern.slots.items()}
+                for case in impl.cases or pattern.cases:
+                    try:
+                        v = _compile_one(pattern, impl, case, dtype, slot_sigs)
+                    except PatternTraceError as e:
+                        raise PatternTraceError(f"implementation {impl.name!r} ({dtype}, case {dict(case)}): {e}") from None
+                    except Exception as e:  # noqa: BLE001 - any tracing failure is a broken pattern
+                        raise PatternTraceError(
+                            f"implementation {impl.name!r} ({dtype}, case {dict(case)}) failed to trace: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                    key = _structure_key(v)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    variants.append(v)
+        pattern._compiled = variants
+        if root is not None and cache_key is not None:
+            pattern_cache.store(root, cache_key, variants)
+        return variants
+
+
+def _structure_key(v: CompiledVariant) -> tuple:
+    nodes = tuple(sorted((n, d["p"].op, d["p"].positions, str(d["p"].dtype), d["p"].lits, d["p"].params,
+                          d["p"].slot) for n, d in v.graph.nodes(data=True)))
+    edges = tuple(sorted((u, w, tuple(sorted(e["pos"]))) for u, w, e in v.graph.edges(data=True)))
+    ins = tuple(sorted((k, tuple(sorted((c, tuple(sorted(p))) for c, p in es))) for k, es in v.inputs.items()))
+    return nodes, edges, ins, tuple(sorted(v.static.items())), tuple(sorted(map(str, v.input_dtypes.values())))

@@ -1,0 +1,461 @@
+"""From a model name to modeled performance: build the megakernel, profile it shape-only, cost every strategy.
+
+The kernel comes from :func:`fusegraph.codegen.build.build_decode_kernel` (capture -> match -> lower ->
+generate) when it is available and succeeds; otherwise from :mod:`.synthetic` (the same instruction sequence
+built from the model config), and the result says which. The shape-only run is done here, not by the builder,
+because it needs two things the builder does not do: a progress monitor, and a work-around for CPython 3.11
+computing ``frame.f_lineno`` by scanning the line table of the (huge) kernel function on every instruction
+the interpreter records — see :func:`fast_line_numbers`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from . import baselines
+from .costmodel import Estimate, estimate_kernel
+from .kernelview import KernelView, build_view
+from .params import HardwareParams, load_params
+from .progress import KernelLineMonitor, Progress
+
+log = logging.getLogger(__name__)
+
+#: the like-for-like configuration of the published figures: TP=4 x LNC=2 = 8 physical cores
+PUBLISHED_CORES = 8
+
+
+@dataclass
+class KernelBuild:
+    """A generated megakernel, its shape-only profile, and where it came from."""
+
+    model: str
+    target: str
+    config: dict[str, Any]
+    generated: Any  # codegen GeneratedKernel
+    profile: dict[str, Any]
+    view: KernelView
+    origin: str  # "pipeline" (capture -> match -> codegen) or "synthetic" (from the config)
+    program: Any = None  # the captured Program (pipeline builds)
+    analysis: Any = None  # the matcher's Analysis (pipeline builds)
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def model_config(model: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The bundled config of ``model`` as a dict (with ``model_type``), plus ``overrides``."""
+    from fusegraph.models import MODELS
+
+    spec = MODELS[model]
+    cfg = dict(spec.config)
+    cfg.setdefault("model_type", spec.family)
+    cfg.setdefault("dtype", spec.dtype)
+    cfg.update(overrides or {})
+    return cfg
+
+
+def shard_overrides(config: dict[str, Any], cores: int) -> dict[str, Any]:
+    """Config of one core's shard under tensor parallelism over ``cores`` physical cores.
+
+    Heads, MLP/expert intermediate sizes and the vocabulary (padded to a multiple of 128, as sharded deployments
+    pad it) split ``cores`` ways; KV heads split as far as they go and are replicated beyond that; the hidden size,
+    the experts and top-k stay. This is how the published TP=4 x LNC=2 runs divide the work, assuming the two
+    physical cores of a logical core split it evenly (the split inside a logical core is not published).
+    """
+    out: dict[str, Any] = {}
+    Hq = int(config["num_attention_heads"])
+    Hkv = int(config.get("num_key_value_heads", Hq))
+    out["num_attention_heads"] = max(1, Hq // cores)
+    out["num_key_value_heads"] = max(1, Hkv // cores)
+    if "head_dim" not in config:
+        out["head_dim"] = int(config["hidden_size"]) // Hq
+    for key in ("intermediate_size", "moe_intermediate_size"):
+        if config.get(key):
+            out[key] = max(1, int(config[key]) // cores)
+    out["vocab_size"] = int(math.ceil(int(config["vocab_size"]) / cores / 128) * 128)
+    return out
+
+
+@contextmanager
+def fast_line_numbers(function: str) -> Iterator[None]:
+    """Make ``frame.f_lineno`` O(1) in the kernel function for the duration of the block (CPython 3.11).
+
+    The interpreter attributes every instruction to ``frame.f_lineno``. CPython 3.11 computes it by scanning the
+    code object's line table unless the code object has its line array, which it builds when a frame of it
+    starts while a profile function is set. So: set a profile function until the kernel's frame starts, then
+    remove it (the cost is one Python call per function entered before the kernel). A 48-layer megakernel
+    goes from ~400 s to ~15 s of shape-only run.
+    """
+    if sys.version_info[:2] != (3, 11):
+        yield
+        return
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == function:
+            sys.setprofile(None)
+
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+
+
+def profile_shape_only(generated: Any, target: str, progress: Progress | None = None,
+                       layers: int | None = None) -> dict[str, Any]:
+    """Run ``generated`` in the interpreter's shape-only mode; return the profile as a dict."""
+    from fusegraph import nkisim
+
+    args = _abstract_args(generated)
+    ns = nkisim.load_kernel_source(generated.source, f"<fusegraph:{generated.name}>", target=target)
+    fn = ns[generated.name]
+    progress = progress or Progress(False)
+    total = layers if layers is not None else len(generated.program.layers())
+    with fast_line_numbers(generated.name), KernelLineMonitor(generated.source, generated.name, progress.update,
+                                                             total):
+        nkisim.run(fn, *args, target=target, shape_only=True)
+    return nkisim.last_profile().to_dict()
+
+
+def _abstract_args(generated: Any) -> list:
+    from fusegraph import nkisim
+
+    try:
+        from fusegraph.codegen.build import _abstract_args as builder_args
+
+        return builder_args(generated)
+    except ImportError:  # pragma: no cover - older codegen
+        pass
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    def np_dtype(dt: torch.dtype) -> Any:
+        if dt == torch.bfloat16:
+            return ml_dtypes.bfloat16
+        if dt == torch.int64:
+            return np.int32
+        return torch.empty((), dtype=dt).numpy().dtype
+
+    out = []
+    for name in generated.args:
+        if name in generated.specs:
+            s = generated.specs[name]
+            out.append(nkisim.Abstract(tuple(s.shape), np_dtype(s.dtype)))
+        else:
+            t = generated.constants[name]
+            out.append(nkisim.Abstract(tuple(t.shape), np_dtype(t.dtype)))
+    return out
+
+
+def build_kernels(model: str, targets: Sequence[str], *, layers: int | None = None, cache_len: int = 640,
+                  overrides: dict[str, Any] | None = None, prefer: str = "pipeline",
+                  progress: Progress | None = None) -> dict[str, KernelBuild]:
+    """Generate and profile the decode megakernel of a bundled model for each target (``prefer``: pipeline |
+    synthetic). Capture and matching do not depend on the target, so they run once."""
+    progress = progress or Progress(False)
+    cfg = model_config(model, overrides)
+    if layers is not None:
+        cfg["num_hidden_layers"] = layers
+    notes: list[str] = []
+    timings: dict[str, float] = {}
+    program = analysis = lowered_program = None
+    generated: dict[str, Any] = {}
+    origin = "synthetic"
+    first = targets[0]
+    if prefer == "pipeline":
+        try:
+            from fusegraph.codegen.build import build_decode_kernel
+
+            case_kwargs: dict[str, Any] = {"max_cache_len": cache_len}
+            if layers is not None:
+                case_kwargs["num_layers"] = layers
+            if overrides:
+                case_kwargs["config_overrides"] = dict(overrides)
+            with progress.step(f"{model}: capture, match, codegen ({first})"):
+                b = build_decode_kernel(model, target=first, profile=False, case_kwargs=case_kwargs,
+                                        progress=progress.update)
+            generated[first] = b.generated
+            program, analysis, lowered_program = b.program, b.analysis, b.lowered.program
+            timings.update({k: v for k, v in b.timings.items() if k != "total_s"})
+            origin = "pipeline"
+        except Exception as e:  # noqa: BLE001 - fall back to the config-built kernel, and say so
+            notes.append(f"the capture->match->codegen pipeline failed ({type(e).__name__}: {e}); "
+                         "the kernel was built from the model config instead")
+            log.warning("%s", notes[-1])
+    if lowered_program is None:
+        from .synthetic import decode_program
+
+        lowered_program = decode_program(cfg, cache_len=cache_len)
+    builds: dict[str, KernelBuild] = {}
+    for target in targets:
+        t_timings = dict(timings) if target == first else {}
+        if target not in generated:
+            from fusegraph.codegen.megakernel import generate
+            from fusegraph.settings import Settings
+
+            st = Settings.from_options({"target": target})
+            with progress.step(f"{model}: codegen ({target})"):
+                t0 = time.perf_counter()
+                generated[target] = generate(lowered_program, target=target, chunk_bytes=st.weight_chunk_kib * 1024,
+                                             ring=st.weight_buffers, sbuf_budget_bytes=st.sbuf_budget, model=model,
+                                             check=target == first)
+                t_timings["codegen_s"] = time.perf_counter() - t0
+        gen = generated[target]
+        with progress.step(f"{model}: shape-only profile of {len(gen.program.layers())} layers ({target})"):
+            t0 = time.perf_counter()
+            prof = profile_shape_only(gen, target, progress)
+            t_timings["profile_s"] = time.perf_counter() - t0
+        view = build_view(gen.source, prof)
+        builds[target] = KernelBuild(model, target, cfg, gen, prof, view, origin, program, analysis, t_timings,
+                                     list(notes))
+    return builds
+
+
+def build_kernel(model: str, target: str, **kw: Any) -> KernelBuild:
+    """:func:`build_kernels` for one target."""
+    return build_kernels(model, [target], **kw)[target]
+
+
+def capture_program(model: str, *, layers: int | None = None, cache_len: int = 640,
+                    overrides: dict[str, Any] | None = None, progress: Progress | None = None) -> tuple[Any, float]:
+    """The captured ATen program of a bundled model's decode step (for the per-op baseline)."""
+    from fusegraph.inspection import capture_step
+    from fusegraph.models import build_decode
+
+    progress = progress or Progress(False)
+    with progress.step(f"{model}: capture"):
+        t0 = time.perf_counter()
+        case = build_decode(model, max_cache_len=cache_len, num_layers=layers, config_overrides=overrides)
+        cap = capture_step(case.step, case.token, case.position, options={"executor": "eager"})
+        return cap.program, time.perf_counter() - t0
+
+
+# ---- the strategies on one build -------------------------------------------------------------------------------
+def kernel_stats(build: KernelBuild) -> dict[str, Any]:
+    """Counters of the megakernel: DMAs, bytes, SBUF, instructions."""
+    p = build.profile
+    dmas = p.get("dmas", [])
+    slots = sum(d["count"] * max(1, d["partitions"]) for d in dmas)
+    hw = load_params(build.target)
+    return {
+        "origin": build.origin,
+        "kernel_lines": build.generated.source.count("\n"),
+        "instructions": p.get("instructions", 0),
+        "engine_instructions": {k: v["instructions"] for k, v in p.get("engines", {}).items()},
+        "dma_count": p.get("dma_count", 0),
+        "dma_bytes": p.get("dma_bytes", 0),
+        "dma_descriptors": p.get("dma_descriptors", 0),
+        "mean_bytes_per_partition": p.get("dma_bytes", 0) / slots if slots else 0.0,
+        "hbm_read_bytes": p.get("hbm_read_bytes", 0),
+        "hbm_write_bytes": p.get("hbm_write_bytes", 0),
+        "sbuf_peak_bytes_per_partition": p.get("peak_sbuf_bytes_per_partition", 0),
+        "sbuf_bytes_per_partition": hw.sbuf_bytes_per_partition,
+        "psum_peak_banks": p.get("peak_psum_banks", 0),
+        "layers": len(build.generated.program.layers()),
+    }
+
+
+def strategy_summary(est: Estimate, launches: int) -> dict[str, Any]:
+    d = est.to_dict(lines=0)
+    return {
+        "label": est.label,
+        "seconds_per_token": est.seconds,
+        "seconds_per_layer": est.per_layer_seconds(),
+        "decoder_seconds": est.decoder_seconds(),
+        "outside_layers_seconds": est.seconds - est.decoder_seconds(),
+        "launches_per_step": launches,
+        "bound": est.total.bound(),
+        "components_s": d["total"]["components_s"],
+        "busy_s": d["total"]["busy_s"],
+        "per_layer_busy_s": _per_layer_busy(est),
+    }
+
+
+def _per_layer_busy(est: Estimate) -> dict[str, float]:
+    layers = [b for k, b in est.layers.items() if isinstance(k, int)]
+    out: dict[str, float] = {}
+    for b in layers:
+        for e, v in b.busy.items():
+            out[e] = out.get(e, 0.0) + v / len(layers)
+    return out
+
+
+@dataclass
+class Strategies:
+    megakernel: Estimate
+    hybrid: Estimate
+    per_op: Estimate | None = None
+    xla_nki_moe: Estimate | None = None
+    launches: dict[str, int] = field(default_factory=dict)
+
+    def items(self) -> list[tuple[str, Estimate]]:
+        out = [("per_op", self.per_op), ("xla_nki_moe", self.xla_nki_moe), ("hybrid", self.hybrid),
+               ("megakernel", self.megakernel)]
+        return [(k, v) for k, v in out if v is not None]
+
+
+def cost_strategies(build: KernelBuild, hw: HardwareParams, program: Any = None,
+                    progress: Progress | None = None) -> Strategies:
+    """(a) per-op, (b) hybrid, (b') XLA + NKI MoE and (c) megakernel for one build."""
+    progress = progress or Progress(False)
+    with progress.step(f"cost model ({hw.target})"):
+        mk = estimate_kernel(build.view, hw)
+        hy = baselines.hybrid(build.view, build.generated, hw)
+        launches = {"megakernel": 1, "hybrid": len({w.region for w in hy.schedule.works})}
+        po = xm = None
+        program = program if program is not None else build.program
+        if program is not None:
+            po = baselines.per_op(program, hw)
+            launches["per_op"] = len({w.region for w in po.schedule.works})
+            if any(w.region.endswith(".experts") for w in mk.schedule.works):
+                xm = baselines.xla_nki_moe(program, build.view, build.generated, hw)
+                launches["xla_nki_moe"] = len({w.region for w in xm.schedule.works})
+    return Strategies(mk, hy, po, xm, launches)
+
+
+# ---- attribution: kernel line -> pattern -> ATen ops -> model module ---------------------------------------------
+def attribution(build: KernelBuild) -> dict[str, dict[str, Any]]:
+    """Per region key (``L3.q_proj.linear``): the pattern, model module and ATen ops the kernel lines implement."""
+    from collections import Counter
+
+    out: dict[str, dict[str, Any]] = {}
+    G = build.program.graph if build.program is not None else None
+    for ins in build.generated.program.instructions:
+        key = baselines.instruction_key(ins)
+        a = out.setdefault(key, {"patterns": [], "modules": [], "aten": Counter(), "nodes": 0})
+        pat = getattr(ins, "pattern", None) or ins.opcode
+        if pat not in a["patterns"]:
+            a["patterns"].append(pat)
+        mod = getattr(ins, "module", None)
+        if mod and mod not in a["modules"]:
+            a["modules"].append(mod)
+        for n in getattr(ins, "nodes", ()) or ():
+            a["nodes"] += 1
+            if G is not None and n in G.nodes:
+                a["aten"][str(G.nodes[n].get("op", "?"))] += 1
+    for a in out.values():
+        a["aten"] = dict(a["aten"].most_common())
+    return out
+
+
+# ---- one model on one target -----------------------------------------------------------------------------------
+@dataclass
+class ModelPerf:
+    """Everything the benchmark, the CLI and the HTML report show for one model on one target."""
+
+    model: str
+    target: str
+    build: KernelBuild
+    strategies: Strategies
+    limit: dict[str, float]
+    cache_len: int
+    program: Any = None
+    like_for_like: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def summaries(self) -> dict[str, dict[str, Any]]:
+        return {k: strategy_summary(e, self.strategies.launches.get(k, 0)) for k, e in self.strategies.items()}
+
+    def to_dict(self, top_lines: int = 30) -> dict[str, Any]:
+        s = self.summaries()
+        mk = s["megakernel"]["seconds_per_token"]
+        speed = {f"megakernel_vs_{k}": v["seconds_per_token"] / mk for k, v in s.items() if k != "megakernel" and mk}
+        hw = load_params(self.target)
+        return {
+            "model": self.model,
+            "target": self.target,
+            "cache_len": self.cache_len,
+            "layers": self.build.config.get("num_hidden_layers"),
+            "origin": self.build.origin,
+            "notes": list(self.build.notes),
+            "timings": dict(self.timings),
+            "kernel": kernel_stats(self.build),
+            "limit": self.limit,
+            "hbm_bytes_vs_minimum": (self.build.profile.get("hbm_read_bytes", 0) / self.limit["total_bytes"]
+                                     if self.limit.get("total_bytes") else None),
+            "strategies": s,
+            "speedup": speed,
+            "megakernel": self.strategies.megakernel.to_dict(lines=top_lines),
+            "attribution": attribution(self.build),
+            "like_for_like": self.like_for_like,
+            "params": hw.table(),
+        }
+
+
+def analyze_model(model: str, targets: Sequence[str] = ("trn3",), *, layers: int | None = None,
+                  cache_len: int = 640, like_for_like: bool | None = None, per_op: bool = True,
+                  prefer: str = "pipeline", progress: Progress | None = None) -> dict[str, ModelPerf]:
+    """Build, profile and cost ``model`` on each target. With ``like_for_like`` (default: for the published model,
+    on the published target) also build and cost one core's shard of it in the published configuration."""
+    from .params import published
+
+    progress = progress or Progress(False)
+    targets = list(targets)
+    pub = published()
+    builds = build_kernels(model, targets, layers=layers, cache_len=cache_len, prefer=prefer, progress=progress)
+    program = next(iter(builds.values())).program
+    capture_s = None
+    if program is None and per_op:
+        program, capture_s = capture_program(model, layers=layers, cache_len=cache_len, progress=progress)
+    out: dict[str, ModelPerf] = {}
+    for target in targets:
+        build = builds[target]
+        hw = load_params(target)
+        timings = dict(build.timings)
+        if capture_s is not None and target == targets[0]:
+            timings["capture_s"] = capture_s
+        t0 = time.perf_counter()
+        strategies = cost_strategies(build, hw, program=program if per_op else None, progress=progress)
+        timings["cost_model_s"] = time.perf_counter() - t0
+        limit = baselines.physical_limit(build.config, cache_len, hw)
+        lfl = None
+        wanted = like_for_like if like_for_like is not None else (model == pub["model"] and target == pub["target"])
+        if wanted:
+            lfl = _like_for_like(model, target, build, limit, layers=layers, cache_len=cache_len, per_op=per_op,
+                                 prefer=prefer, progress=progress)
+        out[target] = ModelPerf(model, target, build, strategies, limit, cache_len, program, lfl, timings)
+    return out
+
+
+def _like_for_like(model: str, target: str, build: KernelBuild, limit: dict[str, float], *, layers: int | None,
+                   cache_len: int, per_op: bool, prefer: str, progress: Progress) -> dict[str, Any]:
+    """One core's shard of ``model`` in the published configuration, costed and compared with the figures."""
+    from . import calibration
+    from .params import published
+
+    pub = published()
+    hw = load_params(target)
+    cores = pub["tp"] * pub["lnc"]
+    overrides = shard_overrides(build.config, cores)
+    shard = build_kernel(model, target, layers=layers, cache_len=cache_len, overrides=overrides, prefer=prefer,
+                         progress=progress)
+    sprog = shard.program
+    if sprog is None and per_op:
+        sprog, _ = capture_program(model, layers=layers, cache_len=cache_len, overrides=overrides, progress=progress)
+    sstrat = cost_strategies(shard, hw, program=sprog if per_op else None, progress=progress)
+    summaries = {k: strategy_summary(e, sstrat.launches.get(k, 0)) for k, e in sstrat.items()}
+    n_layers = int(build.config["num_hidden_layers"])
+    rows = calibration.calibrate(summaries, hw, n_layers)
+    what_if = calibration.what_ifs(shard.view, hw, summaries["megakernel"])
+    sens = calibration.sensitivity(shard.view, hw)
+    return {
+        "cores": cores,
+        "tp": pub["tp"],
+        "lnc": pub["lnc"],
+        "shard_overrides": overrides,
+        "origin": shard.origin,
+        "timings": dict(shard.timings),
+        "kernel": kernel_stats(shard),
+        "strategies": summaries,
+        "calibration": [r.to_dict() for r in rows],
+        "goal": calibration.goal(summaries, hw, limit),
+        "what_if": what_if,
+        "sensitivity": sens,
+        "megakernel": sstrat.megakernel.to_dict(lines=20),
+        "attribution": attribution(shard),
+    }

@@ -1,0 +1,537 @@
+"""Turn an interpreter profile into time: per-instruction engine costs, DMA costs, and a dependency schedule.
+
+Why a schedule and not a sum: in a decode megakernel the engines overlap (weights stream while the Tensor engine
+multiplies), but the compute is a dependency chain (norm -> projection -> RoPE -> attention -> ...), DMAs wait on
+ring buffers and on values computed in the kernel (expert ids), and every hand-off between engines costs a
+semaphore. A list schedule of the kernel's lines in program order — each engine in order, every line starting
+when its engine is free and its inputs are ready — captures exactly those effects with nothing but the
+sourced per-instruction costs. The same scheduler runs the baselines: with barriers between regions (one
+kernel per region or per op) instead of one stream.
+
+Costs per instruction (parameters in ``data/trainium.json``):
+
+* Tensor engine: ``max(N, pe_min_cycles)`` cycles per matmul/transpose (N = moving free size), x4 for fp32.
+* Vector/Scalar/GpSimd: ``engine_fixed_cycles + inputs * N * 128 / width`` cycles (N = free size per partition);
+  two back-to-back dependent instructions on one engine start at least ``dependent_ii_cycles`` apart.
+* DMA: an issue cost on the issuing engine (hardware DGE on Sync/Scalar, software DGE on GpSimd), a fixed
+  latency before data moves (overlappable), and bytes / (per-core bandwidth x eff(s)) of the core's DMA
+  bandwidth, with ``eff(s) = s / (s + s0)`` for ``s`` contiguous bytes per descriptor; a transfer also takes at
+  least bytes / (engines it spans x per-engine bandwidth).
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from .kernelview import KernelLine, KernelView
+from .params import HardwareParams
+
+COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
+ENGINES = COMPUTE_ENGINES + ("sync",)
+ENGINE_LABELS = {
+    "tensor": "PE (Tensor)",
+    "vector": "DVE (Vector)",
+    "scalar": "ACT (Scalar)",
+    "gpsimd": "POOL (GpSimd)",
+    "sync": "SP (Sync: DMA issue, barriers)",
+    "dma": "DMA queues",
+}
+TWO_INPUT_OPS = frozenset({"tensor_tensor", "scalar_tensor_tensor", "tensor_tensor_scan", "tensor_copy_predicated",
+                           "select_reduce", "range_select"})
+PERF_MODE_OPS = frozenset({"tensor_copy", "tensor_scalar"})
+SIXTEEN_BIT = frozenset({"bfloat16", "float16"})
+BOUNDS = ("compute", "memory", "dma-overhead", "sync")
+_TEMPLATE = re.compile(r"^L\d+\.")
+
+
+def template_name(name: str) -> str:
+    """``L12.experts.experts.t0k3.gu.w4`` -> ``L*.experts.experts.t#k#.gu.w#`` (same line of every layer/chunk)."""
+    name = _TEMPLATE.sub("L*.", name or "")
+    name = re.sub(r"\.t\d+k\d+\.", ".t#k#.", name)
+    return re.sub(r"\.w\d+$", ".w#", name)
+
+
+@dataclass
+class Work:
+    """One schedulable unit: a kernel line (all its executions) or a piece of a baseline's per-op kernel."""
+
+    index: int
+    kind: str  # "compute" | "dma"
+    engine: str  # compute engine, or the engine that issues the DMA
+    opcode: str
+    count: int
+    busy: float  # seconds: compute-engine time, or DMA issue time on the issuing engine
+    region: str
+    layer: int | None
+    name: str = ""
+    line: int | None = None
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    partial: bool = False
+    loops: tuple[int, ...] = ()
+    dep_ii: float = 0.0  # minimum start distance after a dependent instruction on the same engine
+    # DMA only
+    nbytes: int = 0
+    occupancy: float = 0.0  # seconds of the core's DMA bandwidth used
+    own: float = 0.0  # shortest possible duration of the transfer(s) (engines spanned)
+    latency: float = 0.0
+    ideal: float = 0.0  # nbytes at the full per-core DMA bandwidth
+    hbm_read: int = 0
+    hbm_write: int = 0
+    bytes_per_partition: float = 0.0
+    descriptor_bytes: float = 0.0
+    efficiency: float = 1.0
+    tensor: str = ""  # HBM tensor moved (for attribution)
+
+    @property
+    def per_instr(self) -> float:
+        return self.busy / max(1, self.count)
+
+    @property
+    def cost(self) -> float:
+        """Time this work occupies its busiest resource (issue engine or DMA bandwidth for transfers)."""
+        return max(self.busy, self.occupancy)
+
+
+# ---- per-instruction costs ------------------------------------------------------------------------------------
+def _engine_rate(hw: HardwareParams, engine: str, opcode: str, sixteen: bool) -> tuple[float, float]:
+    """(clock Hz, elements per cycle across the 128 lanes) of a Vector/Scalar/GpSimd instruction."""
+    if engine == "vector":
+        width = hw.dve_elems_per_cycle_perf if (opcode in PERF_MODE_OPS and sixteen) else hw.dve_elems_per_cycle
+        return hw.dve_clock, width
+    if engine == "scalar":
+        return hw.act_clock, hw.act_elems_per_cycle_16bit if sixteen else hw.act_elems_per_cycle
+    return hw.pool_clock, hw.pool_elems_per_cycle
+
+
+def instruction_time(hw: HardwareParams, engine: str, opcode: str, partitions: int, free: float,
+                     dtypes: Iterable[str] = (), fp32_inputs: bool = False) -> tuple[float, float]:
+    """(seconds per instruction, dependent-issue interval) of one engine instruction with ``free`` elements/partition."""
+    if engine == "tensor":
+        cycles = max(free, hw.pe_min_cycles) * (hw.pe_fp32_factor if fp32_inputs else 1)
+        return cycles / hw.pe_clock, 0.0
+    dts = set(dtypes)
+    sixteen = bool(dts) and dts <= SIXTEEN_BIT
+    clock, width = _engine_rate(hw, engine, opcode, sixteen)
+    inputs = 2 if opcode in TWO_INPUT_OPS else 1
+    cycles = hw.engine_fixed_cycles + inputs * free * 128.0 / width
+    return cycles / clock, hw.dependent_ii_cycles / clock
+
+
+def dma_efficiency(hw: HardwareParams, contiguous_bytes: float) -> float:
+    s = max(1.0, contiguous_bytes)
+    return s / (s + hw.dma_efficiency_s0)
+
+
+def dma_issue(hw: HardwareParams, dge: str, queue: str, indirect: str | None) -> tuple[str, float]:
+    """(issuing engine, seconds per DMA instruction)."""
+    if dge == "swdge" or indirect == "vector" or queue == "gpsimd":
+        return "gpsimd", hw.dma_issue_swdge
+    if dge == "hwdge" and queue == "scalar":
+        return "scalar", hw.dma_issue_hwdge
+    if dge in ("hwdge",):
+        return "sync", hw.dma_issue_hwdge
+    mode = hw.dma_default_trigger  # unknown / none: the compiler chooses
+    if mode == "swdge_gpsimd":
+        return "gpsimd", hw.dma_issue_swdge
+    if mode == "hwdge_scalar":
+        return "scalar", hw.dma_issue_hwdge
+    return "sync", hw.dma_issue_hwdge
+
+
+def dma_transfer(hw: HardwareParams, nbytes: float, count: int, partitions: int, descriptors: float) -> dict[str, float]:
+    """Bandwidth occupancy, own duration and efficiency of ``count`` DMAs moving ``nbytes`` in total."""
+    count = max(1, count)
+    per_dma = nbytes / count
+    p = max(1, partitions)
+    bpp = per_dma / p
+    run = nbytes / max(1.0, descriptors) if descriptors else bpp
+    s = min(run, bpp) if bpp >= 1 else run
+    eff = dma_efficiency(hw, s)
+    occupancy = nbytes / (hw.dma_bandwidth_core * eff)
+    engines = min(hw.dma_engines_per_core, math.ceil(p / hw.dma_partitions_per_engine))
+    own = per_dma / (engines * hw.dma_bandwidth_engine * eff)
+    return {"occupancy": occupancy, "own": max(own, occupancy), "efficiency": eff, "bytes_per_partition": bpp,
+            "descriptor_bytes": s, "ideal": nbytes / hw.dma_bandwidth_core}
+
+
+def _is_hbm(buffer: str) -> bool:
+    return "hbm" in (buffer or "")
+
+
+def line_work(hw: HardwareParams, ln: KernelLine, index: int) -> Work:
+    """Cost one kernel line."""
+    if ln.dmas:
+        count = sum(d["count"] for d in ln.dmas)
+        nbytes = sum(d["bytes"] for d in ln.dmas)
+        desc = sum(d["descriptors"] for d in ln.dmas)
+        parts = max(d["partitions"] for d in ln.dmas)
+        d0 = max(ln.dmas, key=lambda d: d["bytes"])
+        engine, per = dma_issue(hw, d0["dge_mode"], d0["queue"], ln.indirect)
+        tr = dma_transfer(hw, nbytes, count, parts, desc)
+        hbm_r = sum(d["bytes"] for d in ln.dmas if _is_hbm(d["src_buffer"]))
+        hbm_w = sum(d["bytes"] for d in ln.dmas if _is_hbm(d["dst_buffer"]))
+        tensor = d0["src_tensor"] if _is_hbm(d0["src_buffer"]) else d0["dst_tensor"]
+        return Work(index, "dma", engine, ln.opcode, count, count * per, ln.region, ln.layer, ln.name, ln.line,
+                    ln.reads, ln.writes, ln.partial_write, ln.loops, nbytes=nbytes, occupancy=tr["occupancy"],
+                    own=tr["own"], latency=hw.dma_fixed_latency, ideal=tr["ideal"], hbm_read=hbm_r, hbm_write=hbm_w,
+                    bytes_per_partition=tr["bytes_per_partition"], descriptor_bytes=tr["descriptor_bytes"],
+                    efficiency=tr["efficiency"], tensor=tensor)
+    busy = 0.0
+    dep_ii = 0.0
+    count = 0
+    engine = ln.sites[0]["engine"] if ln.sites else "vector"
+    fp32_in = any(dt == "float32" for v, dt in ln.var_dtypes.items() if v in ln.reads)
+    for s in ln.sites:
+        n = max(1, s["count"])
+        parts = max(1, s["max_partitions"])
+        free = s["elements"] / n / parts
+        dts = list(s.get("dtypes") or []) + [dt for v, dt in ln.var_dtypes.items() if v in ln.reads]
+        per, ii = instruction_time(hw, s["engine"], s["opcode"], parts, free, dts, fp32_in)
+        busy += per * n
+        dep_ii = max(dep_ii, ii)
+        if s["engine"] == engine:
+            count = max(count, n)
+    return Work(index, "compute", engine, ln.opcode, max(count, 1), busy, ln.region, ln.layer, ln.name, ln.line,
+                ln.reads, ln.writes, ln.partial_write, ln.loops, dep_ii=dep_ii)
+
+
+def kernel_works(hw: HardwareParams, view: KernelView) -> list[Work]:
+    return [line_work(hw, ln, i) for i, ln in enumerate(view.lines)]
+
+
+# ---- the schedule ---------------------------------------------------------------------------------------------
+@dataclass
+class RegionIO:
+    """Activations a region reads from / writes to HBM when it is its own kernel (hybrid baseline)."""
+
+    loads: list[tuple[int, int]] = field(default_factory=list)  # (bytes, partitions)
+    stores: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class Schedule:
+    """Start/ready time of every work item and the aggregates reports need."""
+
+    works: list[Work]
+    start: list[float]
+    ready: list[float]
+    exposure: list[float]  # how far each work pushed the end of the step (sums to the makespan)
+    makespan: float
+    busy: dict[str, float]  # per engine (compute engines, sync, and "dma" = bandwidth occupancy)
+    barriers: int = 0
+    barrier_time: float = 0.0
+    semaphore_waits: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _shares_loop(a: Work, b: Work) -> int:
+    """Trip-count proxy when ``a`` and ``b`` sit in one loop body (0 when not)."""
+    if a.loops and b.loops and a.loops[0] == b.loops[0]:
+        return max(1, min(a.count, b.count))
+    return 0
+
+
+def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, str] | None = None,
+             allocs: dict[int, list] | None = None, barriers: bool = False,
+             region_io: dict[str, RegionIO] | None = None) -> Schedule:
+    """List-schedule ``works`` in order.
+
+    With ``barriers``, every change of ``region`` is a kernel boundary: everything drains, the Sync engine pays
+    ``boundary_sync``, the next kernel loads its input activations (``region_io``) before computing and stores
+    its outputs before the next boundary.
+    """
+    buffers = buffers or {}
+    allocs = allocs or {}
+    free = {e: 0.0 for e in ENGINES}
+    pipe = 0.0
+    start = [0.0] * len(works)
+    ready = [0.0] * len(works)
+    first = [0.0] * len(works)
+    exposure = [0.0] * len(works)
+    busy: dict[str, float] = defaultdict(float)
+    writers: dict[str, list[int]] = defaultdict(list)
+    readers: dict[str, list[int]] = defaultdict(list)
+    frontier = 0.0
+    sem_total = 0.0
+    n_barriers = 0
+    barrier_time = 0.0
+    current_region: str | None = None
+    region_end = 0.0
+
+    def dma_slot(t_issue_done: float, nbytes: int, parts: int) -> float:
+        nonlocal pipe
+        tr = dma_transfer(hw, nbytes, 1, parts, max(1, parts))
+        t0 = max(t_issue_done + hw.dma_fixed_latency, pipe)
+        pipe = t0 + tr["occupancy"]
+        busy["dma"] += tr["occupancy"]
+        busy["sync"] += hw.dma_issue_hwdge
+        return t0 + tr["own"]
+
+    def close_region(name: str | None) -> float:
+        """Store the region's outputs; return when its kernel is done."""
+        nonlocal region_end
+        t = max([region_end, pipe, *free.values()])
+        io = (region_io or {}).get(name or "")
+        if io:
+            for nbytes, parts in io.stores:
+                t_issue = max(t, free["sync"]) + hw.dma_issue_hwdge
+                free["sync"] = t_issue
+                t = max(t, dma_slot(t_issue, nbytes, parts))
+        return t
+
+    for i, w in enumerate(works):
+        if barriers and w.region != current_region:
+            t = close_region(current_region) if current_region is not None else 0.0
+            if current_region is not None:
+                t += hw.boundary_sync
+                busy["sync"] += hw.boundary_sync
+                barrier_time += hw.boundary_sync
+                n_barriers += 1
+            io = (region_io or {}).get(w.region)
+            t_in = t
+            if io:
+                for nbytes, parts in io.loads:
+                    t_issue = max(t, free["sync"]) + hw.dma_issue_hwdge
+                    free["sync"] = t_issue
+                    t_in = max(t_in, dma_slot(t_issue, nbytes, parts))
+            for e in ENGINES:
+                free[e] = max(free[e], t_in if e in COMPUTE_ENGINES else t)
+            free["sync"] = max(free["sync"], t)
+            pipe = max(pipe, t)
+            frontier_gap = max(0.0, t_in - frontier)
+            if frontier_gap and i:
+                exposure[i - 1] += frontier_gap  # the boundary belongs to the kernel that just ended
+                frontier = t_in
+            current_region = w.region
+            region_end = t_in
+        for v in allocs.get(i, ()):
+            writers[v] = []
+            if buffers.get(v) == "psum":
+                readers[v] = []
+        earliest = 0.0
+        end_floor = 0.0
+        for v in w.reads:
+            for p in writers.get(v, ()):
+                pw = works[p]
+                n = _shares_loop(pw, w)
+                if n:
+                    t = first[p]
+                    end_floor = max(end_floor, ready[p] + w.busy / n)
+                else:
+                    t = ready[p]
+                if pw.kind == "compute" and w.kind == "compute":
+                    if pw.engine != w.engine:
+                        t += hw.semaphore_cross_engine
+                        sem_total += hw.semaphore_cross_engine
+                    elif not n and w.dep_ii:
+                        t = max(t, ready[p] - pw.per_instr + w.dep_ii)
+                earliest = max(earliest, t)
+        for v in w.writes:
+            if buffers.get(v) == "psum":
+                continue
+            for p in list(readers.get(v, [])) + ([] if w.partial else list(writers.get(v, []))):
+                if p == i or _shares_loop(works[p], w):
+                    continue
+                earliest = max(earliest, ready[p])
+        if w.kind == "compute":
+            s = max(free[w.engine], earliest)
+            e = max(s + w.busy, end_floor)
+            free[w.engine] = e
+            busy[w.engine] += w.busy
+            start[i], ready[i] = s, e
+            first[i] = s + w.busy / max(1, w.count)
+        else:
+            s = max(free[w.engine], earliest)
+            issue_done = s + w.busy
+            free[w.engine] = issue_done
+            busy[w.engine] += w.busy
+            t0 = max(s + w.per_instr + w.latency, pipe)
+            pipe = t0 + w.occupancy
+            busy["dma"] += w.occupancy
+            e = max(t0 + w.own, issue_done, end_floor)
+            start[i], ready[i] = s, e
+            first[i] = t0 + w.own / max(1, w.count)
+        for v in w.reads:
+            readers[v].append(i)
+        for v in w.writes:
+            if w.partial:
+                writers[v].append(i)
+            else:
+                writers[v] = [i]
+                readers[v] = []
+        exposure[i] = max(0.0, ready[i] - frontier)
+        frontier = max(frontier, ready[i])
+        region_end = max(region_end, ready[i])
+    if barriers and current_region is not None:
+        t = close_region(current_region)
+        if t > frontier and works:
+            exposure[-1] += t - frontier
+            frontier = t
+    makespan = frontier
+    return Schedule(list(works), start, ready, exposure, makespan, dict(busy), n_barriers, barrier_time, sem_total)
+
+
+# ---- aggregation and classification ---------------------------------------------------------------------------
+@dataclass
+class Breakdown:
+    """Aggregated modeled time of a set of work items (a region, a layer, a whole step)."""
+
+    wall: float = 0.0  # critical-path time attributed to it (sums of exposures)
+    busy: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    dma_ideal: float = 0.0
+    dma_occupancy: float = 0.0
+    dma_count: int = 0
+    dma_bytes: int = 0
+    hbm_read: int = 0
+    hbm_write: int = 0
+    instructions: int = 0
+    latency: float = 0.0
+    barrier: float = 0.0
+
+    def add(self, w: Work, exposure: float) -> None:
+        self.wall += exposure
+        self.busy[w.engine] += w.busy
+        if w.kind == "dma":
+            self.dma_ideal += w.ideal
+            self.dma_occupancy += w.occupancy
+            self.busy["dma"] += w.occupancy
+            self.dma_count += w.count
+            self.dma_bytes += w.nbytes
+            self.hbm_read += w.hbm_read
+            self.hbm_write += w.hbm_write
+            self.latency += w.latency
+        else:
+            self.instructions += w.count
+
+    def components(self) -> dict[str, float]:
+        """The four candidate explanations of the wall time (see :func:`classify`)."""
+        compute = max((self.busy.get(e, 0.0) for e in COMPUTE_ENGINES), default=0.0)
+        issue = max(self.busy.get("sync", 0.0) - self.barrier, 0.0)
+        overhead = max(issue, self.dma_occupancy - self.dma_ideal)
+        explained = max(compute, self.dma_occupancy, issue)
+        sync = max(0.0, self.wall - explained) + self.barrier
+        return {"compute": compute, "memory": self.dma_ideal, "dma-overhead": overhead, "sync": sync}
+
+    def bound(self) -> str:
+        return classify(self.components())
+
+    def to_dict(self) -> dict[str, Any]:
+        comp = self.components()
+        return {"wall_s": self.wall, "busy_s": {k: v for k, v in self.busy.items() if v},
+                "dma_ideal_s": self.dma_ideal, "dma_occupancy_s": self.dma_occupancy, "dma_count": self.dma_count,
+                "dma_bytes": self.dma_bytes, "hbm_read_bytes": self.hbm_read, "hbm_write_bytes": self.hbm_write,
+                "instructions": self.instructions, "components_s": comp, "bound": classify(comp)}
+
+
+def classify(components: dict[str, float]) -> str:
+    """compute- / memory- / DMA-overhead- / sync-bound: the largest of
+
+    * ``compute``: the busiest compute engine's time;
+    * ``memory``: the bytes moved at the full per-core DMA bandwidth;
+    * ``dma-overhead``: DMA issue time on the busiest issuing engine, or the bandwidth lost to small descriptors;
+    * ``sync``: wall time no engine explains (waiting on latencies, semaphores, dependencies) plus barriers.
+    """
+    if not any(components.values()):
+        return "none"
+    return max(BOUNDS, key=lambda k: components.get(k, 0.0))
+
+
+@dataclass
+class Estimate:
+    """The cost model's answer for one schedule: totals, per region, per layer and per line."""
+
+    target: str
+    schedule: Schedule
+    total: Breakdown
+    regions: dict[str, Breakdown]
+    layers: dict[Any, Breakdown]
+    label: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.schedule.makespan
+
+    def per_layer_seconds(self) -> float:
+        walls = [b.wall for k, b in self.layers.items() if isinstance(k, int)]
+        return sum(walls) / len(walls) if walls else 0.0
+
+    def decoder_seconds(self) -> float:
+        return sum(b.wall for k, b in self.layers.items() if isinstance(k, int))
+
+    def top_lines(self, n: int = 20) -> list[dict[str, Any]]:
+        s = self.schedule
+        rows = []
+        for i, w in enumerate(s.works):
+            rows.append({"line": w.line, "name": w.name, "region": w.region, "layer": w.layer, "engine": w.engine,
+                         "kind": w.kind, "opcode": w.opcode, "count": w.count, "cost_s": w.cost, "busy_s": w.busy,
+                         "dma_s": w.occupancy, "exposed_s": s.exposure[i], "bytes": w.nbytes,
+                         "bytes_per_partition": w.bytes_per_partition, "efficiency": w.efficiency})
+        rows.sort(key=lambda r: -(r["cost_s"] + r["exposed_s"]))
+        return rows[:n]
+
+    def top_templates(self, n: int = 20) -> list[dict[str, Any]]:
+        """Lines grouped across layers and chunks (``L*.q_proj.linear.w#``): where the step's time goes by kind."""
+        s = self.schedule
+        groups: dict[tuple[str, str], dict[str, Any]] = {}
+        for i, w in enumerate(s.works):
+            key = (template_name(w.name) or w.region, w.opcode)
+            g = groups.setdefault(key, {"name": key[0], "opcode": w.opcode, "engine": w.engine, "kind": w.kind,
+                                        "lines": 0, "count": 0, "cost_s": 0.0, "exposed_s": 0.0, "bytes": 0,
+                                        "region": _TEMPLATE.sub("L*.", w.region), "example_line": w.line})
+            g["lines"] += 1
+            g["count"] += w.count
+            g["cost_s"] += w.cost
+            g["exposed_s"] += s.exposure[i]
+            g["bytes"] += w.nbytes
+        rows = sorted(groups.values(), key=lambda r: -(r["cost_s"] + r["exposed_s"]))
+        return rows[:n]
+
+    def to_dict(self, lines: int = 25) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "target": self.target,
+            "seconds": self.seconds,
+            "per_layer_seconds": self.per_layer_seconds(),
+            "barriers": self.schedule.barriers,
+            "semaphore_waits_s": self.schedule.semaphore_waits,
+            "total": self.total.to_dict(),
+            "layers": {str(k): v.to_dict() for k, v in self.layers.items()},
+            "regions": {k: v.to_dict() for k, v in self.regions.items()},
+            "top_lines": self.top_lines(lines),
+            "top_templates": self.top_templates(lines),
+        }
+
+
+def estimate(works: Sequence[Work], hw: HardwareParams, *, label: str = "", **kw: Any) -> Estimate:
+    """Schedule ``works`` and aggregate per region and layer."""
+    s = schedule(works, hw, **kw)
+    total = Breakdown()
+    regions: dict[str, Breakdown] = defaultdict(Breakdown)
+    layers: dict[Any, Breakdown] = defaultdict(Breakdown)
+    for i, w in enumerate(s.works):
+        total.add(w, s.exposure[i])
+        regions[w.region].add(w, s.exposure[i])
+        layers[w.layer if w.layer is not None else "outside"].add(w, s.exposure[i])
+    total.barrier = s.barrier_time
+    total.busy["sync"] += s.barrier_time
+    if s.barriers:
+        per = s.barrier_time / max(1, s.barriers)
+        seen: set[str] = set()
+        for w in s.works:
+            if w.region not in seen:
+                seen.add(w.region)
+                regions[w.region].barrier += per
+                regions[w.region].busy["sync"] += per
+                layers[w.layer if w.layer is not None else "outside"].barrier += per
+                layers[w.layer if w.layer is not None else "outside"].busy["sync"] += per
+    total.dma_occupancy = s.busy.get("dma", total.dma_occupancy)
+    return Estimate(hw.target, s, total, dict(regions), dict(layers), label)
+
+
+def estimate_kernel(view: KernelView, hw: HardwareParams, label: str = "megakernel") -> Estimate:
+    """The megakernel: one instruction stream, engines overlapping across regions and layers."""
+    return estimate(kernel_works(hw, view), hw, label=label, buffers=view.buffers, allocs=view.allocs)

@@ -1,0 +1,143 @@
+"""The cost model's hardware parameters and the published figures, loaded from one sourced data file.
+
+Why a data file: every number that turns counted work into time must be traceable to a public source
+(``shared/reference/perf_anchors.md`` and the documents it cites), and must change only when a new source does.
+Keeping them in ``data/trainium.json`` — never as literals in the code — makes that auditable: :func:`validate`
+rejects a parameter without a unit, a value for each target, a source or a confidence tag, and a test runs it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+TARGETS = ("trn2", "trn3")
+CONFIDENCE = ("H", "M", "L")
+DATA_FILE = "trainium.json"
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    target: str
+    value: Any
+    unit: str
+    source: str
+    confidence: str
+    note: str = ""
+
+
+def _per_target(entry: Any, target: str) -> Any:
+    return entry.get(target) if isinstance(entry, dict) else entry
+
+
+@lru_cache(maxsize=None)
+def raw_data() -> dict[str, Any]:
+    """The parsed data file (cached; treat as read-only)."""
+    text = resources.files("fusegraph.perf").joinpath("data").joinpath(DATA_FILE).read_text()
+    return json.loads(text)
+
+
+def validate(data: dict[str, Any] | None = None) -> list[str]:
+    """Problems with the data file: a parameter or published figure missing a unit, value, source or confidence."""
+    data = raw_data() if data is None else data
+    problems: list[str] = []
+    targets = data.get("targets") or list(TARGETS)
+    for name, p in data.get("parameters", {}).items():
+        if not isinstance(p, dict):
+            problems.append(f"parameter {name}: not an object")
+            continue
+        if not str(p.get("unit", "")).strip():
+            problems.append(f"parameter {name}: no unit")
+        values = p.get("values")
+        if not isinstance(values, dict):
+            problems.append(f"parameter {name}: no per-target values")
+            continue
+        for t in targets:
+            if t not in values:
+                problems.append(f"parameter {name}: no value for {t}")
+            src = _per_target(p.get("source"), t)
+            if not isinstance(src, str) or len(src.strip()) < 10:
+                problems.append(f"parameter {name}: no source for {t}")
+            conf = _per_target(p.get("confidence"), t)
+            if conf not in CONFIDENCE:
+                problems.append(f"parameter {name}: confidence for {t} is {conf!r}, expected one of {CONFIDENCE}")
+    for name, f in data.get("published", {}).get("figures", {}).items():
+        if not isinstance(f, dict) or not isinstance(f.get("value"), (int, float)):
+            problems.append(f"published figure {name}: no numeric value")
+            continue
+        if not str(f.get("unit", "")).strip():
+            problems.append(f"published figure {name}: no unit")
+        if not isinstance(f.get("source"), str) or len(f["source"].strip()) < 10:
+            problems.append(f"published figure {name}: no source")
+        if f.get("confidence") not in CONFIDENCE:
+            problems.append(f"published figure {name}: bad confidence {f.get('confidence')!r}")
+    return problems
+
+
+class HardwareParams:
+    """The parameters of one target; attribute access returns the value (``hw.dma_bandwidth_core``)."""
+
+    def __init__(self, target: str, params: dict[str, Param]) -> None:
+        self.target = target
+        self._params = params
+
+    def __getattr__(self, name: str) -> Any:
+        params = self.__dict__.get("_params", {})
+        if name in params:
+            return params[name].value
+        raise AttributeError(f"no cost-model parameter {name!r} for {self.__dict__.get('target')}")
+
+    def param(self, name: str) -> Param:
+        return self._params[name]
+
+    def names(self) -> list[str]:
+        return list(self._params)
+
+    def what_if(self, reason: str, **values: Any) -> "HardwareParams":
+        """A copy with some values replaced, each marked as a what-if (for sensitivity studies, never defaults)."""
+        params = dict(self._params)
+        for k, v in values.items():
+            p = params[k]
+            params[k] = Param(k, self.target, v, p.unit, f"what-if: {reason} (data file: {p.value})", "L", p.note)
+        return HardwareParams(self.target, params)
+
+    def table(self) -> list[dict[str, Any]]:
+        """Rows for reports: name, value, unit, confidence, source."""
+        return [{"name": p.name, "value": p.value, "unit": p.unit, "confidence": p.confidence, "source": p.source,
+                 "note": p.note} for p in self._params.values()]
+
+
+@lru_cache(maxsize=None)
+def load_params(target: str) -> HardwareParams:
+    """The parameters of ``target`` (``trn2`` or ``trn3``); raises if the data file does not validate."""
+    data = raw_data()
+    if target not in data.get("targets", TARGETS):
+        raise ValueError(f"unknown target {target!r}; the cost model knows {', '.join(data.get('targets', TARGETS))}")
+    problems = validate(data)
+    if problems:
+        raise ValueError("cost-model data file is invalid: " + "; ".join(problems[:5]))
+    params = {}
+    for name, p in data["parameters"].items():
+        params[name] = Param(name, target, p["values"][target], p["unit"], _per_target(p["source"], target),
+                             _per_target(p["confidence"], target), p.get("note", ""))
+    return HardwareParams(target, params)
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    value: float
+    unit: str
+    source: str
+    confidence: str
+
+
+def published() -> dict[str, Any]:
+    """The published configuration (model, target, tp, lnc, ...) with ``figures`` as :class:`Figure` objects."""
+    pub = dict(raw_data()["published"])
+    pub["figures"] = {k: Figure(k, float(v["value"]), v["unit"], v["source"], v["confidence"])
+                      for k, v in pub["figures"].items()}
+    return pub

@@ -1,0 +1,123 @@
+"""The fused-region report as a terminal table (rendered from the report dict only)."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _layers(layers: list[int]) -> str:
+    if not layers:
+        return "-"
+    if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 1:
+        return f"{layers[0]}-{layers[-1]}"
+    return ",".join(map(str, layers))
+
+
+def _short(name: str) -> str:
+    return name.split(".", 1)[1] if name.startswith("fusegraph.") else name
+
+
+def _table(rows: list[list[str]], header: list[str], indent: str = "  ") -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    out = [indent + "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    out.append(indent + "  ".join("-" * w for w in widths))
+    for r in rows:
+        out.append(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return out
+
+
+def _per_layer(counts: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """Pattern counts per decoder layer; identical layers are collapsed into one line."""
+    layers = {k: v for k, v in counts.items() if k != "none"}
+    lines = []
+    groups: list[tuple[list[str], Mapping[str, int]]] = []
+    for k, v in layers.items():
+        if groups and dict(groups[-1][1]) == dict(v):
+            groups[-1][0].append(k)
+        else:
+            groups.append(([k], v))
+    for keys, v in groups:
+        label = f"layer {keys[0]}" if len(keys) == 1 else f"layers {keys[0]}-{keys[-1]} (each)"
+        lines.append(f"  {label}: " + ", ".join(f"{_short(p)} {n}" for p, n in v.items()))
+    if "none" in counts:
+        lines.append("  outside layers: " + ", ".join(f"{_short(p)} {n}" for p, n in counts["none"].items()))
+    return lines
+
+
+def format_report(r: Mapping[str, Any], max_unmatched: int = 30, max_decisions: int = 12) -> str:
+    lines = [
+        f"fused-region report: {r['layers']} decoder layers, {r['graphs']} graph(s), {r['op_count']} ATen ops",
+        f"coverage: {100 * r['coverage']:.1f}% of the decoder layers' ops are in regions "
+        f"({100 * r['coverage_all_ops']:.1f}% of all ops); {len(r['regions'])} region(s), "
+        f"{r['boundaries_per_step']} boundaries (launches) per step",
+    ]
+    per = r.get("coverage_by_layer", {})
+    if per:
+        low = {k: v for k, v in per.items() if v < 1.0}
+        if not low:
+            lines.append(f"  every layer 100% ({len(per)} layers)")
+        else:
+            lines.append("  per layer: " + "  ".join(f"L{k} {100 * v:.1f}%" for k, v in per.items()))
+    if r["regions"]:
+        lines.append("regions:")
+        rows = []
+        for g in r["regions"]:
+            by_role = g.get("bytes_in_by_role", {})
+            rows.append([
+                str(g["id"]), g["kind"], _layers(g["layers"]), ",".join(map(str, g["graphs"])), str(g["op_count"]),
+                str(len(g["matches"])), _size(by_role.get("weight", 0)), _size(by_role.get("state", 0)),
+                _size(by_role.get("activation", 0) + by_role.get("step", 0) + by_role.get("buffer", 0)),
+                _size(g["bytes_out"]),
+            ])
+        lines += _table(rows, ["id", "kind", "layers", "graphs", "ops", "matches", "weights in", "state in",
+                               "act in", "out"])
+        for g in r["regions"]:
+            lines.append(f"  region {g['id']} patterns: " + ", ".join(f"{_short(p)} x{n}" for p, n in g["patterns"].items()))
+            acts = [b for b in g["inputs"] if b["role"] in ("activation", "step")]
+            for b in acts[:6]:
+                lines.append(f"    in  {b['node']} {b['shape']} {b['dtype']} ({_size(b['bytes'])}, {b['role']})")
+            for b in g["outputs"][:6]:
+                lines.append(f"    out {b['node']} {b['shape']} {b['dtype']} ({_size(b['bytes'])})"
+                             + (" crosses a graph break" if b.get("crosses_break") else ""))
+            if g["glue"]:
+                lines.append("    absorbed layout glue: " + ", ".join(f"{op.split('.')[1] if op.startswith('aten.') else op} x{n}"
+                                                                  for op, n in g["glue"].items()))
+    lines.append("patterns matched per layer:")
+    lines += _per_layer(r.get("pattern_counts_per_layer", {})) or ["  (none)"]
+    un = r["unmatched"]
+    total = sum(u["count"] for u in un)
+    if un:
+        lines.append(f"unmatched ops ({total} ops in {len(un)} groups; they run on the fallback path):")
+        rows = [[str(u["count"]), u["op"], u["module"] or "-", u["reason"]] for u in un[:max_unmatched]]
+        lines += _table(rows, ["count", "op", "module", "reason"])
+        if len(un) > max_unmatched:
+            lines.append(f"  ... {len(un) - max_unmatched} more groups (see the JSON report)")
+    else:
+        lines.append("unmatched ops: none")
+    if r["breaks"]:
+        lines.append(f"graph breaks ({len(r['breaks'])}):")
+        for b in r["breaks"]:
+            cost = ("spanned by region(s) " + ",".join(map(str, b["spanned_by_regions"])) if b["spanned_by_regions"]
+                    else f"+{b['extra_boundaries']} boundary, {_size(b['hbm_round_trip_bytes'])} HBM round trip")
+            lines.append(f"  after graph {b['after_graph']}: {b['crossing_tensors']} tensor(s), {_size(b['crossing_bytes'])} "
+                         f"cross ({'glue-free' if b['glue_free'] else 'Python glue computes on them'}); {cost}")
+            lines.append(f"    reason: {b['reason'][:160]}" + (f"  [{b['user_frame']}]" if b.get("user_frame") else ""))
+    else:
+        lines.append("graph breaks: none")
+    dc = r.get("decision_counts", {})
+    if dc:
+        lines.append("decisions: " + ", ".join(f"{k} {v}" for k, v in dc.items()))
+        shown = [d for d in r["decisions"] if d["action"] not in ("merge", "absorb", "refuse_match")][:max_decisions]
+        for d in shown:
+            lines.append(f"  {d['action']}: {d['subject']}: {d['reason']}")
+    for name, err in {**r.get("pattern_errors", {}), **r.get("plugin_errors", {})}.items():
+        lines.append(f"pattern problem: {name}: {err}")
+    for line in r.get("debug", []):
+        lines.append(f"debug: {line}")
+    return "\n".join(lines)

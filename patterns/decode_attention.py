@@ -1,0 +1,79 @@
+"""Grouped-query attention of one new token over the (just updated) static KV cache.
+
+Three traced forms, all with ``repeat_kv`` (HF's GQA expansion) unless there is one query head per KV head:
+
+* ``eager``: ``softmax(q @ k.T * scale + mask, fp32) @ v`` (HF ``eager_attention_forward``; additive mask);
+* ``sdpa``: ``scaled_dot_product_attention`` with HF's boolean mask (captures as
+  ``aten._scaled_dot_product_flash_attention_for_cpu`` on CPU, with the bool -> -inf ``where`` in front);
+* ``sdpa_additive``: the same with a float mask.
+
+The match's ``mask_form`` param says whether ``mask`` is additive (float) or boolean (True = attend).
+
+The output is ``[B, heads, 1, D]``; the transpose/reshape to ``[B, 1, heads*D]`` that follows is layout glue.
+"""
+import torch
+
+from fusegraph.matching import Input, register_pattern
+
+Q = Input("q", "B KV*G 1 D")
+K = Input("k", "B KV L D")
+V = Input("v", "B KV L D")
+
+
+def repeat_kv(hidden_states, n_rep):
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def _check(m):
+    q, k, v = m.inputs["q"], m.inputs["k"], m.inputs["v"]
+    if q.shape is None or k.shape is None or k.shape != v.shape or q.shape[1] % k.shape[1]:
+        return f"q {q.shape} / k {k.shape} / v {v.shape} are not grouped-query attention shapes"
+    if q.shape[2] != 1:
+        return f"{q.shape[2]} query tokens: not a decode step"
+    return True
+
+
+def _derive(m):
+    return {"num_key_value_groups": m.inputs["q"].shape[1] // m.inputs["k"].shape[1]}
+
+
+@register_pattern(
+    "fusegraph.decode_attention",
+    template="decode_attention",
+    priority=30,
+    inputs=[Q, K, V, Input("mask", "B 1 1 L")],
+    params={"scale": 0.125},
+    cases=[{"mask_form": "additive"}, {"G": 1, "mask_form": "additive"}],
+    dims={"B": (2, 5), "KV": (2, 3), "G": (3, 4), "L": (16, 20), "D": (8, 12)},
+    check=_check,
+    derive=_derive,
+)
+def decode_attention(q, k, v, mask, *, scale):
+    """``softmax(q @ repeat_kv(k).T * scale + mask, dim=-1, fp32).to(q.dtype) @ repeat_kv(v)``."""
+    groups = q.shape[1] // k.shape[1]
+    key_states = repeat_kv(k, groups)
+    value_states = repeat_kv(v, groups)
+    attn_weights = torch.matmul(q, key_states.transpose(2, 3)) * scale
+    attn_weights = attn_weights + mask
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(q.dtype)
+    attn_weights = torch.nn.functional.dropout(attn_weights, p=0.0, training=False)
+    return torch.matmul(attn_weights, value_states)
+
+
+@decode_attention.implementation("sdpa", inputs=[Q, K, V, Input("mask", "B 1 1 L", dtype="bool")],
+                                 cases=[{"mask_form": "boolean"}, {"G": 1, "mask_form": "boolean"}])
+def _sdpa(q, k, v, mask, *, scale):
+    groups = q.shape[1] // k.shape[1]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask, dropout_p=0.0, scale=scale, is_causal=False)
+
+
+@decode_attention.implementation("sdpa_additive")
+def _sdpa_additive(q, k, v, mask, *, scale):
+    groups = q.shape[1] // k.shape[1]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask, dropout_p=0.0, scale=scale, is_causal=False)

@@ -1,0 +1,29 @@
+"""RMSNorm as HF Llama / Qwen / Mistral / Qwen3 (also q/k-norm) write it: normalize in fp32, cast back, scale."""
+import torch
+
+from fusegraph.matching import Input, register_pattern
+
+
+def _check(m):
+    x, w = m.inputs["x"], m.inputs["weight"]
+    if w.shape is None or len(w.shape) != 1 or x.shape is None or x.shape[-1] != w.shape[0]:
+        return f"weight {w.shape} does not match the normalized dim of x {x.shape}"
+    return True
+
+
+@register_pattern(
+    "fusegraph.rmsnorm",
+    template="rmsnorm",
+    priority=20,
+    inputs=[Input("x", "T H"), Input("weight", "H", kind="weight")],
+    params={"eps": 1e-6},
+    dims={"T": (3, 5), "H": (16, 40)},
+    check=_check,
+)
+def rmsnorm(x, weight, *, eps):
+    """``weight * (x.float() * rsqrt(mean(x.float()**2, -1) + eps)).to(x.dtype)``."""
+    input_dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(input_dtype)

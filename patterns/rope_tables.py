@@ -1,0 +1,37 @@
+"""The rotary cos/sin tables of the current positions, from the ``inv_freq`` buffer (HF ``*RotaryEmbedding``)."""
+import torch
+
+from fusegraph.matching import Input, register_pattern
+
+INV_FREQ = Input("inv_freq", "F", dtype="float32", kind="buffer")
+POSITIONS = Input("position_ids", "B S", dtype="int64")
+
+
+@register_pattern(
+    "fusegraph.rope_tables",
+    template="rope_tables",
+    priority=15,
+    inputs=[INV_FREQ, POSITIONS],
+    outputs=("cos", "sin"),
+    params={"attention_scaling": 1.0},
+    dims={"F": (4, 10), "B": (2, 3), "S": (1, 3)},
+)
+def rope_tables(inv_freq, position_ids, *, attention_scaling, dtype):
+    """transformers 5: ``freqs = pos[..., None].float() * inv_freq``; cos/sin of ``cat(freqs, freqs)`` scaled."""
+    freqs = position_ids[..., None].float() * inv_freq.to(dtype=torch.float)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * attention_scaling
+    sin = emb.sin() * attention_scaling
+    return cos.to(dtype=dtype), sin.to(dtype=dtype)
+
+
+@rope_tables.implementation("matmul", cases=[{"B": 1}, {}])
+def _matmul(inv_freq, position_ids, *, attention_scaling, dtype):
+    """transformers 4.x: the outer product written as a batched matmul."""
+    inv_freq_expanded = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+    position_ids_expanded = position_ids[:, None, :].float()
+    freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * attention_scaling
+    sin = emb.sin() * attention_scaling
+    return cos.to(dtype=dtype), sin.to(dtype=dtype)

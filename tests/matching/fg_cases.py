@@ -1,0 +1,130 @@
+"""Captured decode steps shared by the matching tests (captured once per process: dynamo takes seconds)."""
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+
+from fusegraph import capture_step
+from fusegraph.matching import analyze
+from fusegraph.models import TINY_DIMS, DecodeCase, build_decode
+
+EAGER = {"executor": "eager"}  # matching is independent of the executor; eager keeps captures fast
+
+# pairwise cover of the supported configurations: every attention / experts / dtype value per model
+DEFAULT = [
+    ("llama-tiny", "eager", "batched_mm", "float32"),
+    ("llama-tiny", "sdpa", "batched_mm", "bfloat16"),
+    ("qwen3-tiny", "eager", "batched_mm", "bfloat16"),
+    ("qwen3-tiny", "sdpa", "batched_mm", "float32"),
+    ("qwen3-moe-tiny", "eager", "batched_mm", "float32"),
+    ("qwen3-moe-tiny", "sdpa", "grouped_mm", "bfloat16"),
+    ("qwen3-moe-tiny", "eager", "grouped_mm", "float32"),
+    ("qwen3-moe-tiny", "sdpa", "batched_mm", "bfloat16"),
+    ("qwen3-moe-tiny", "eager", "eager", "bfloat16"),
+]
+FULL = [(m, a, e, d) for m in ("llama-tiny", "qwen3-tiny", "qwen3-moe-tiny") for a in ("eager", "sdpa")
+        for e in (("batched_mm", "grouped_mm", "eager") if "moe" in m else ("batched_mm",))
+        for d in ("float32", "bfloat16")]
+
+
+def config_id(cfg) -> str:
+    name, attn, experts, dtype = cfg
+    return "-".join([name, attn] + ([experts] if "moe" in name else []) + [dtype])
+
+
+@functools.lru_cache(maxsize=None)
+def captured(name: str, attn: str, experts: str, dtype: str, batch: int = 1):
+    case = build_decode(name, attn=attn, experts=experts, dtype=dtype, batch=batch)
+    cap = capture_step(case.step, case.token, case.position, options=EAGER)
+    return case, cap
+
+
+@functools.lru_cache(maxsize=None)
+def analyzed(name: str, attn: str, experts: str, dtype: str, batch: int = 1):
+    case, cap = captured(name, attn, experts, dtype, batch)
+    return case, cap, analyze(cap.program)
+
+
+def hf_case(family: str, attn: str = "eager", dtype: str = "float32", **config) -> DecodeCase:
+    """A tiny decode step of any HF decoder family (``transformers.<family>ForCausalLM``), prefilled eagerly."""
+    import transformers
+    from transformers import StaticCache
+
+    cfg = getattr(transformers, family + "Config")(**{**TINY_DIMS, **config})
+    torch.manual_seed(0)
+    model = getattr(transformers, family + "ForCausalLM")._from_config(
+        cfg, dtype=getattr(torch, dtype), attn_implementation=attn).eval()
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    prompt = torch.randint(0, cfg.vocab_size, (1, 8))
+    with torch.no_grad():
+        logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
+    token = logits[:, -1].argmax(-1, keepdim=True)
+    # install capture rewrites for classes this family just imported *before* dynamo traces (patching a class
+    # while dynamo compiles a frame that uses it trips a dynamo guard error; reported to the capture owner)
+    from fusegraph.capture.rewrites import install_rewrites
+
+    install_rewrites()
+    return DecodeCase(name=family, model=model, cache=cache, token=token, position=torch.full((1, 1), 8),
+                      dtype=getattr(torch, dtype), options={"attn": attn})
+
+
+@functools.lru_cache(maxsize=None)
+def analyzed_family(family: str, attn: str = "eager", dtype: str = "float32", **config):
+    case = hf_case(family, attn, dtype, **config)
+    cap = capture_step(case.step, case.token, case.position, options=EAGER)
+    return case, cap, analyze(cap.program)
+
+
+def break_inside_mlp(case: DecodeCase, glue=None) -> None:
+    """Put a dynamo graph break inside layer 0's MLP (optionally with Python glue computing on the tensor)."""
+    mlp = case.model.model.layers[0].mlp
+
+    def forward(self, x):
+        h = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+        torch._dynamo.graph_break()
+        if glue is not None:
+            glue(h)
+        return self.down_proj(h)
+
+    mlp.forward = types.MethodType(forward, mlp)
+
+
+def program_values(program, seed: int = 0) -> tuple[dict, dict]:
+    """Run a one-graph program on random inputs with the eager executor's plan: (every node's value, the inputs
+    as they were before the step wrote state in place)."""
+    from fusegraph.executors.eager import build_plan, run_plan
+
+    assert len(program.graphs) == 1
+    g = torch.Generator().manual_seed(seed)
+    env: dict = {}
+    for pin in program.graphs[0].inputs:
+        dt = getattr(torch, pin.dtype)
+        if dt.is_floating_point:
+            env[pin.node] = (torch.randn(pin.shape, generator=g) * 0.5).to(dt)
+        elif pin.shape == ():
+            env[pin.node] = torch.tensor(5, dtype=dt)  # cache lengths: a few tokens already cached
+        else:
+            env[pin.node] = torch.zeros(pin.shape, dtype=dt)
+    before = {k: v.clone() for k, v in env.items()}
+    run_plan(build_plan(program, program.topo_order(0)), env)
+    return env, before
+
+
+class BrokenMLP(torch.nn.Module):
+    """A gated MLP with a dynamo graph break between its halves (optionally with Python glue on the crossing tensor)."""
+
+    def __init__(self, hidden: int = 64, inter: int = 128, glue=None):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(hidden, inter, bias=False)
+        self.up_proj = torch.nn.Linear(hidden, inter, bias=False)
+        self.down_proj = torch.nn.Linear(inter, hidden, bias=False)
+        self.glue = glue
+
+    def forward(self, x):
+        h = torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x)
+        torch._dynamo.graph_break()
+        if self.glue is not None:
+            self.glue(h)
+        return x + self.down_proj(h)

@@ -105,7 +105,20 @@ def _embed(ins: ir.Embed, ctx: Context, i: int) -> Emitted:
     assert lay.features == H
     e.code("embed.j2", module=ins.module or "embed_tokens", aten=_aten(ins), name=_inst_name(ins), T=ctx.tokens,
            ids=f"ids_{ins.out.name}", ids_hbm=ctx.var(ins.ids), out=ctx.var(ins.out), P=lay.P, FT=lay.FT,
-           dtype=nl_dtype(ins.out.dtype), table=ctx.var(ins.table), pattern=pattern)
+           dtype=nl_dtype(ins.out.dtype), table=ctx.var(ins.table), pattern=pattern,
+           scale=ctx.var(ins.scale) if ins.scale is not None else None)
+    return e
+
+
+@emitter(ir.ScalarGate)
+def _sigmoid_gate(ins: ir.ScalarGate, ctx: Context, i: int) -> Emitted:
+    lay = ctx.layout(ins.x)
+    T = ctx.tokens
+    v = ctx.var(ins.out)
+    e = Emitted(sbuf=lay.FT * T * _bytes(ins.out.dtype) + 3 * 4 * T, psum_banks=1)
+    e.code("sigmoid_gate.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), P=lay.P, FT=lay.FT, T=T,
+           gate=ctx.var(ins.gate), x=ctx.var(ins.x), out=v, g32=f"{v}_g32", gps=f"{v}_gps", sg=f"{v}_sg",
+           sg32=f"{v}_sg32", ones=ctx.consts["ones"], gdtype=nl_dtype(ins.gate.dtype), dtype=nl_dtype(ins.out.dtype))
     return e
 
 
@@ -190,11 +203,11 @@ def _linear(ins: ir.Linear, ctx: Context, i: int) -> Emitted:
     w = ctx.var(ins.weight)
     bias = None
     if ins.bias is not None:
+        # not a ring chunk: every weight chunk of this linear reads it, while the ring moves on
         shape, dt = ctx.shape(ins.bias), ctx.kdtype(ins.bias)
-        chunk = Chunk(shape=shape, dtype=nl_dtype(dt), src=ctx.var(ins.bias), name=f"{name}.b", earliest=0,
-                      nbytes_per_partition=shape[-1] * _bytes(dt))
-        e.pieces.append(ChunkUse(chunk, i))
-        bias = chunk.token
+        bias = f"{out}_bias"
+        e.code("dma_chunk.j2", var=bias, shape=shape, dtype=nl_dtype(dt), src=ctx.var(ins.bias), name=f"{name}.b")
+        e.sbuf += shape[-1] * _bytes(dt)
 
     def src(n0: int, n1: int) -> str:
         return f"{w}[:, nl.ds({base}{n0}, {n1 - n0}), :, :]" if half else f"{w}[:, {n0}:{n1}, :, :]"

@@ -83,6 +83,7 @@ class Embed(Instruction):
     ids: Value  # INPUT [T] int32
     table: Value  # WEIGHT [V, H]
     out: Value
+    scale: Value | None = None  # INPUT [1] fp32 (Gemma multiplies embeddings by sqrt(hidden), rounded to the dtype)
 
 
 @dataclass
@@ -164,6 +165,16 @@ class GatedAct(Instruction):
     up: Value
     out: Value
     act: str = "silu"
+
+
+@dataclass
+class ScalarGate(Instruction):
+    """out = sigmoid(gate) * x with one gate logit per token (a shared expert's gate)."""
+
+    opcode: ClassVar[str] = "sigmoid_gate"
+    gate: Value  # ACT [T, 1]
+    x: Value
+    out: Value
 
 
 @dataclass

@@ -253,8 +253,12 @@ def _embedding(L: _Lowerer, m: Any) -> None:
     ids = _in(m, "indices")
     table = L.hbm(_in(m, "weight"))
     idv = L.step_input(ids, (L.T,), torch.int32, "token_ids")
+    scale = None
+    if m.inputs.get("scale"):  # rounded to the table's dtype, as the model does, then read as fp32
+        scale = L.step_input(m.inputs["scale"], (1,), torch.float32, "embed_scale")
+        L.args[scale.name].convert = f"round_to:{table.dtype}".replace("torch.", "")
     out = L.new_act(_out(m), _label(m))
-    L.emit(ir.Embed(ids=idv, table=table, out=out), m)
+    L.emit(ir.Embed(ids=idv, table=table, out=out, scale=scale), m)
 
 
 @rule("rmsnorm")
@@ -266,6 +270,26 @@ def _rmsnorm(L: _Lowerer, m: Any) -> None:
     out = L.new_act(_out(m), _label(m))
     L.emit(ir.RMSNorm(x=x, weight=w, out=out, eps=float(m.params.get("eps", 1e-6)), group=group,
                       weight_offset=float(m.params.get("offset", 0.0) or 0.0)), m)
+
+
+@rule("rmsnorm_offset")
+def _rmsnorm_offset(L: _Lowerer, m: Any) -> None:
+    x_node = _in(m, "x")
+    x = L.act(x_node, _views(m, "x"))
+    w = L.hbm(_in(m, "weight"))
+    out = L.new_act(_out(m), _label(m))
+    L.emit(ir.RMSNorm(x=x, weight=w, out=out, eps=float(m.params.get("eps", 1e-6)),
+                      group=int(L.node(x_node)["shape"][-1]), weight_offset=float(m.params.get("offset", 1.0))), m)
+
+
+@rule("sigmoid_gate")
+def _sigmoid_gate(L: _Lowerer, m: Any) -> None:
+    gate = L.act(_in(m, "gate"), _views(m, "gate"))
+    x = L.act(_in(m, "x"), _views(m, "x"))
+    if gate.features != 1:
+        raise CodegenError(f"sigmoid gate with {gate.features} logits per token")
+    out = L.new_act(_out(m), _label(m, "gate"))
+    L.emit(ir.ScalarGate(gate=gate, x=x, out=out), m)
 
 
 @rule("linear")

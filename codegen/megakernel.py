@@ -54,7 +54,8 @@ def _consts_needed(program: ir.KernelProgram) -> dict[str, torch.Tensor]:
     consts: dict[str, torch.Tensor] = {}
     T = program.tokens
     for ins in program.instructions:
-        if isinstance(ins, ir.RMSNorm) or (isinstance(ins, ir.Elementwise) and any(o.op == "sum" for o in ins.ops)):
+        if isinstance(ins, (ir.RMSNorm, ir.ScalarGate)) or (isinstance(ins, ir.Elementwise)
+                                                            and any(o.op == "sum" for o in ins.ops)):
             consts["c_ones"] = W.ones(PMAX)
         elif isinstance(ins, ir.Rope):
             key = f"c_rot_{ins.head_dim}_{str(ins.x.dtype).split('.')[-1]}"

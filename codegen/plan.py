@@ -85,6 +85,8 @@ def plan_layouts(program: ir.KernelProgram) -> dict[str, Layout]:
             same(ins.gate, ins.up, ins.out)
         elif isinstance(ins, ir.Experts):
             same(ins.x, ins.out)
+        elif isinstance(ins, ir.ScalarGate):
+            same(ins.x, ins.out)
         elif isinstance(ins, ir.Store):
             prefer_pmajor.add(ins.x.name)
         elif isinstance(ins, ir.Elementwise):

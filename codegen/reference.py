@@ -60,7 +60,15 @@ def _load(ins: ir.Load, env: dict) -> None:
 
 @_op(ir.Embed)
 def _embed(ins: ir.Embed, env: dict) -> None:
-    env[ins.out.name] = env[ins.table.name][env[ins.ids.name].reshape(-1).long()].reshape(ins.out.shape)
+    out = env[ins.table.name][env[ins.ids.name].reshape(-1).long()].reshape(ins.out.shape)
+    if ins.scale is not None:
+        out = out * env[ins.scale.name].reshape(()).to(out.dtype)
+    env[ins.out.name] = out
+
+
+@_op(ir.ScalarGate)
+def _sigmoid_gate(ins: ir.ScalarGate, env: dict) -> None:
+    env[ins.out.name] = torch.sigmoid(env[ins.gate.name]) * env[ins.x.name]
 
 
 @_op(ir.RMSNorm)

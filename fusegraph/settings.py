@@ -104,6 +104,11 @@ class Settings:
     weight_buffers: int = _opt(4, "SBUF ring buffers weight chunks stream through (DMAs are issued this many chunks minus one ahead).")
     weight_chunk_kib: int = _opt(16, "Target size of one streamed weight chunk, in KiB per partition.")
     sbuf_budget: int = _opt(0, "Usable SBUF bytes per partition (0 = the target's SBUF minus a 16 KiB reserve).")
+    generic_lowering: bool = _opt(
+        True,
+        "Lower unmatched elementwise chains and feature-axis reductions (a custom activation or norm) without a "
+        "pattern, so they join the surrounding region instead of splitting it.",
+    )
     lnc: int = _opt(
         1,
         "Logical NeuronCore config of the kernel launch: 2 splits projections, kv heads and MoE experts between the "

@@ -278,6 +278,8 @@ def marshal_input(src: Any, dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor
     """A per-step input as the kernel reads it: flattened to the kernel shape, indices as int32, boolean
     masks (True = attend) as additive fp32 masks."""
     v = t.detach()
+    if src.convert.startswith("round_to:"):
+        v = v.to(getattr(torch, src.convert.split(":", 1)[1]))
     if src.convert == "bool_mask":
         v = torch.zeros(v.shape, dtype=torch.float32).masked_fill(~v, torch.finfo(torch.float32).min)
     if v.numel() == 1 and len(src.shape) == 1 and src.shape[0] > 1:

@@ -134,7 +134,12 @@ def _analyze(program: Program, settings: Settings) -> Analysis:
     candidates = [c for c in candidates if c.pattern.name not in disabled]
     decisions: list[Decision] = []
     accepted = resolve_overlaps(cv, candidates, decisions)
-    matches = sorted((to_match(cv, c) for c in accepted), key=lambda m: (m.order, m.pattern.name))
+    matches = [to_match(cv, c) for c in accepted]
+    if settings.generic_lowering:
+        from .generic import generic_matches
+
+        matches += generic_matches(program, cv, matches)
+    matches = sorted(matches, key=lambda m: (m.order, m.pattern.name))
     for i, m in enumerate(matches):
         m.id = i
     for r in _dedupe_refusals(cv, refusals):

@@ -92,6 +92,39 @@ def _breaks(a: Analysis) -> list[dict[str, Any]]:
     return out
 
 
+def _execution(a: Analysis, regions: list[dict[str, Any]]) -> dict[str, Any]:
+    """Who ran each region and how many kernel launches a step takes (filled in by the NKI executors)."""
+    execution = getattr(a.program, "execution", {}) or {}
+    executed_by: dict[int, str] = {}
+    verification: dict[int, str] = {}
+    kernels: list[dict[str, Any]] = []
+    llm: list[dict[str, Any]] = []
+    launches = 0
+    for g, stats in sorted(execution.items()):
+        executed_by.update(getattr(stats, "executed_by", {}))
+        verification.update(getattr(stats, "verification", {}))
+        run = getattr(stats, "run", None)
+        planned = 0
+        for k, plan in enumerate(getattr(run, "plans", []) or []):
+            active = k in getattr(run, "active", ()) and not plan.disabled
+            planned += active
+            gen = plan.generated
+            kernels.append({"graph": g, "region": plan.region.id, "name": gen.name, "active": active,
+                            "cache_hit": plan.cache_hit, "codegen_seconds": round(plan.seconds, 3),
+                            "lines": gen.stats.get("lines"), "instructions": gen.stats.get("instructions"),
+                            "weight_chunks": gen.stats.get("chunks"), "lnc": gen.stats.get("lnc", 1),
+                            "sbuf_peak_bytes": gen.budget.sbuf_peak, "sbuf_budget_bytes": gen.budget.sbuf_budget})
+        islands = [i.to_dict() for i in getattr(stats, "llm", []) or []]
+        llm += [dict(i, graph=g) for i in islands]
+        planned += sum(1 for i in islands if (i.get("llm") or {}).get("accepted") and not i.get("disabled"))
+        launches += stats.launches_per_call if getattr(stats, "calls", 0) else planned
+    for r in regions:
+        r["executed_by"] = executed_by.get(r["id"], "eager")
+        if r["id"] in verification:
+            r["verification"] = verification[r["id"]]
+    return {"kernel_launches_per_step": launches, "kernels": kernels, "llm_kernels": llm}
+
+
 def _layer_counts(a: Analysis) -> dict[str, dict[str, int]]:
     per: dict[str, Counter] = {}
     for m in a.matches:
@@ -146,6 +179,7 @@ def build_report(analysis: Analysis, session: Any = None, extra: dict[str, Any] 
         "timings": {k: round(v, 4) for k, v in a.timings.items()},
         "settings": _jsonable(a.settings.to_dict()),
     }
+    data.update(_execution(a, data["regions"]))
     if session is not None:
         from ..inspection import summarize
 

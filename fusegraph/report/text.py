@@ -57,6 +57,17 @@ def format_report(r: Mapping[str, Any], max_unmatched: int = 30, max_decisions: 
         f"({100 * r['coverage_all_ops']:.1f}% of all ops); {len(r['regions'])} region(s), "
         f"{r['boundaries_per_step']} boundaries (launches) per step",
     ]
+    if r.get("kernels"):
+        lines.append(f"kernel launches per step: {r['kernel_launches_per_step']} "
+                     + "; ".join(f"{k['name']} ({k['lines']} lines, {k['weight_chunks']} weight chunks, "
+                                 f"SBUF {k['sbuf_peak_bytes'] / 1024:.0f}/{k['sbuf_budget_bytes'] / 1024:.0f} KiB"
+                                 f"{', cached' if k['cache_hit'] else ''}{'' if k['active'] else ', inactive'})"
+                                 for k in r["kernels"]))
+    for isl in r.get("llm_kernels", []):
+        res = isl.get("llm") or {}
+        lines.append(f"LLM kernel for {', '.join(sorted(isl['ops']))}: "
+                     + ("accepted" if res.get("accepted") else f"not used ({res.get('reason')})")
+                     + f" after {len(res.get('attempts', []))} attempt(s)" + (" (cache)" if res.get("from_cache") else ""))
     per = r.get("coverage_by_layer", {})
     if per:
         low = {k: v for k, v in per.items() if v < 1.0}
@@ -73,10 +84,10 @@ def format_report(r: Mapping[str, Any], max_unmatched: int = 30, max_decisions: 
                 str(g["id"]), g["kind"], _layers(g["layers"]), ",".join(map(str, g["graphs"])), str(g["op_count"]),
                 str(len(g["matches"])), _size(by_role.get("weight", 0)), _size(by_role.get("state", 0)),
                 _size(by_role.get("activation", 0) + by_role.get("step", 0) + by_role.get("buffer", 0)),
-                _size(g["bytes_out"]),
+                _size(g["bytes_out"]), g.get("executed_by", "eager"),
             ])
         lines += _table(rows, ["id", "kind", "layers", "graphs", "ops", "matches", "weights in", "state in",
-                               "act in", "out"])
+                               "act in", "out", "executed by"])
         for g in r["regions"]:
             lines.append(f"  region {g['id']} patterns: " + ", ".join(f"{_short(p)} x{n}" for p, n in g["patterns"].items()))
             acts = [b for b in g["inputs"] if b["role"] in ("activation", "step")]

@@ -50,6 +50,6 @@ def test_debug_reports_refusals_with_reason():
             return (1.0 + self.weight) * h
 
     cap = capture_step(Offset(), torch.randn(2, 32), options=EAGER)
-    a = analyze(cap.program, Settings(match_debug="fusegraph.rmsnorm"))
+    a = analyze(cap.program, Settings(match_debug="fusegraph.rmsnorm", generic_lowering=False))
     text = "\n".join(a.debug)
     assert "refused" in text and "must be a weight" in text, text

@@ -50,8 +50,13 @@ def test_shared_expert_moe():
 
 
 def test_unsupported_activation_is_reported_not_guessed():
-    """relu2 (relu then square) is not a single-op activation: the MLP stays unmatched, with the reason."""
-    case, cap, a = analyzed_family("Llama", hidden_act="relu2")
+    """relu2 (relu then square) is not a single-op activation: with generic lowering off the MLP stays unmatched,
+    with the reason; with it on (the default) the relu/square/multiply piece joins the stack region."""
+    from fusegraph.matching import analyze
+    from fusegraph.settings import Settings
+
+    case, cap, a_generic = analyzed_family("Llama", hidden_act="relu2")
+    a = analyze(cap.program, Settings.from_options({"generic_lowering": False}))
     assert not a.matches_of("fusegraph.swiglu")
     assert 0.9 < a.coverage < 1.0
     by_op = {u.op: u for u in a.unmatched}
@@ -59,6 +64,8 @@ def test_unsupported_activation_is_reported_not_guessed():
     assert relu.count == 2 and relu.module == "model.layers.*.mlp.act_fn"
     assert "aten.pow.Tensor_Scalar is not one of the ops slot 'act' accepts" in by_op["aten.mul.Tensor"].reason
     assert len(a.regions) > 1  # the unfused MLP middle splits the stack
+    assert a_generic.coverage == 1.0 and len(a_generic.regions) == 1
+    assert len(a_generic.matches_of("fusegraph.generic")) == case.model.config.num_hidden_layers
 
 
 def test_sliding_window_mask_is_reported_unmatched():

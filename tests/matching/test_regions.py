@@ -49,7 +49,7 @@ def test_python_glue_on_a_crossing_tensor_splits_regions():
 
 def test_fallback_op_splits_the_stack_and_is_logged():
     _, cap, _ = analyzed("qwen3-moe-tiny", "eager", "batched_mm", "float32")
-    a = analyze(cap.program, Settings(fallback_ops=("aten.topk",)))
+    a = analyze(cap.program, Settings(fallback_ops=("aten.topk",), generic_lowering=False))
     assert len(a.regions) >= 2
     assert not a.matches_of("fusegraph.moe_router")
     assert any(d.action == "fallback" and "topk" in d.reason for d in a.decisions)
@@ -60,7 +60,7 @@ def test_fallback_op_splits_the_stack_and_is_logged():
 
 def test_min_region_size_dissolves_small_regions():
     _, cap, _ = analyzed("qwen3-moe-tiny", "eager", "batched_mm", "float32")
-    a = analyze(cap.program, Settings(fallback_ops=("aten.topk",), min_region_size=10_000))
+    a = analyze(cap.program, Settings(fallback_ops=("aten.topk",), min_region_size=10_000, generic_lowering=False))
     assert not a.regions
     dis = [d for d in a.decisions if d.action == "dissolve"]
     assert dis and all("min_region_size=10000" in d.reason for d in dis)
@@ -71,7 +71,7 @@ def test_require_full_compilation():
     _, cap, full = analyzed("qwen3-moe-tiny", "eager", "batched_mm", "float32")
     ok = analyze(cap.program, Settings(require_full_compilation=True))
     assert len(ok.regions) == 1 and ok.coverage_all == 1.0
-    a = analyze(cap.program, Settings(require_full_compilation=True, fallback_ops=("aten.topk",)))
+    a = analyze(cap.program, Settings(require_full_compilation=True, fallback_ops=("aten.topk",), generic_lowering=False))
     assert not a.regions
     (d,) = [d for d in a.decisions if d.action == "require_full"]
     assert "ops outside any region" in d.reason and "fallback path" in d.reason

@@ -80,5 +80,5 @@ def test_plugin_patterns_can_be_disabled(plugins):
     cap = capture_step(_step, torch.randn(4, 8), torch.randn(4, 8), options={"executor": "eager"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a = analyze(cap.program, Settings(disabled_patterns=("fgtest.*", "fgbadcheck.*")))
+        a = analyze(cap.program, Settings(disabled_patterns=("fgtest.*", "fgbadcheck.*"), generic_lowering=False))
     assert not a.matches_of("fgtest.scaled_tanh")

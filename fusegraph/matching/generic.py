@@ -1,0 +1,48 @@
+"""Generic lowering as matches: connected unmatched elementwise/reduction ops become ``fusegraph.generic`` matches.
+
+Without a pattern for a decoder variant's custom activation or norm, its ops would be blockers that split the
+decoder-stack region (and the megakernel) in two. Codegen can lower elementwise chains and feature-axis
+reductions without a pattern (:mod:`fusegraph.codegen.generic`), so such pieces are offered to region formation
+like any other match, and the region stays whole. The piece itself travels in ``params["piece"]``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..program import Program
+from .canonicalize import CanonicalView
+from .pattern import Pattern
+from .results import Match
+
+
+def _no_reference(*args: Any, **kwargs: Any) -> Any:  # the piece's own ATen ops are its reference
+    raise NotImplementedError("a generic piece is verified against its own ATen ops")
+
+
+GENERIC = Pattern(name="fusegraph.generic", fn=_no_reference, inputs=(), template="generic", priority=-1000,
+                  description="generic lowering of unmatched elementwise chains and feature reductions",
+                  source="fusegraph")
+
+
+def generic_matches(program: Program, cv: CanonicalView, matches: list[Match]) -> list[Match]:
+    from ..codegen.generic import find_pieces
+
+    G = program.graph
+    covered = set().union(*(m.nodes for m in matches)) if matches else set()
+    candidates = {n for n, d in G.nodes(data=True) if d["kind"] == "op" and n not in covered}
+    out = []
+    for piece in find_pieces(G, candidates):
+        canon = {cv.rep.get(n, n) for n in piece.nodes}
+        canon = {c for c in canon if c in cv.data}
+        if not canon:
+            continue
+        order = min(G.nodes[n]["order"] for n in piece.nodes)
+        out.append(Match(
+            pattern=GENERIC, variant="generic", nodes=frozenset(piece.nodes),
+            inputs={f"in{i}": n for i, n in enumerate(piece.inputs)},
+            outputs={f"out{i}": n for i, n in enumerate(piece.outputs)},
+            params={"piece": piece, "ops": dict(piece.ops)}, layer=piece.layer, module=piece.module,
+            mapping={f"n{i}": c for i, c in enumerate(sorted(canon))},
+            graphs=tuple(sorted({G.nodes[n]["graph"] for n in piece.nodes})), order=order,
+        ))
+    return out

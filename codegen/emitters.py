@@ -60,10 +60,29 @@ class Context:
         return self.layouts[v.name]
 
 
+_NAMES: dict[int, str] = {}  # id(instruction) -> its unique name in the kernel being generated
+
+
 def _inst_name(ins: ir.Instruction) -> str:
-    tail = (ins.module or ins.opcode).rsplit(".", 1)[-1]
+    """``L<layer>.<module>.<op>``, unique per instruction in the kernel (see :func:`assign_names`)."""
+    return _NAMES.get(id(ins)) or _base_name(ins)
+
+
+def _base_name(ins: ir.Instruction) -> str:
+    parts = [p for p in (ins.module or ins.opcode).split(".") if not p.isdigit()]
+    tail = parts[-1] if parts else ins.opcode
     prefix = f"L{ins.layer}" if ins.layer is not None else "top"
     return f"{prefix}.{tail}.{ins.opcode}"
+
+
+def assign_names(instructions: list[ir.Instruction]) -> None:
+    """Give every instruction a unique name: the two RoPEs of a layer become ``...rope`` and ``...rope2``."""
+    _NAMES.clear()
+    seen: dict[str, int] = {}
+    for ins in instructions:
+        base = _base_name(ins)
+        seen[base] = seen.get(base, 0) + 1
+        _NAMES[id(ins)] = base if seen[base] == 1 else f"{base}{seen[base]}"
 
 
 def _aten(ins: ir.Instruction) -> str:
@@ -167,7 +186,8 @@ def _linear_chunks(n_total: int, per_nt_bytes: int, chunk_bytes: int) -> list[tu
 
 def linear_pieces(e: Emitted, *, name: str, x: str, tok: str, out: str, w_hbm: str, w_src: Callable[[int, int], str],
                   Pk: int, KT: int, Pn: int, NT: int, T: int, wdtype: torch.dtype, chunk_bytes: int, earliest: int,
-                  index: int, bias: str | None = None, out_tok: str = ":", base: str = "") -> None:
+                  index: int, bias: str | None = None, out_tok: str = ":", base: str = "",
+                  stream: str = "static") -> None:
     """Chunked weight-stationary matmuls: out[:, nt, tok] = sum_kt W[:, nt, kt, :]^T x[:, kt, tok].
 
     ``base``: an expression added to every output chunk index (this core's first chunk under LNC=2)."""
@@ -176,9 +196,11 @@ def linear_pieces(e: Emitted, *, name: str, x: str, tok: str, out: str, w_hbm: s
     if T > PSUM_FREE_FP32:
         raise CodegenError(f"{T} tokens exceed one PSUM bank per output chunk")
     per_nt = KT * Pn * _bytes(wdtype)
+    # a chunk's outputs share one PSUM tile (one eviction per chunk): at most one bank of fp32
+    chunk_bytes = min(chunk_bytes, max(per_nt, (PSUM_FREE_FP32 // max(1, T)) * per_nt))
     for n0, n1 in _linear_chunks(NT, per_nt, chunk_bytes):
         chunk = Chunk(shape=(Pk, n1 - n0, KT, Pn), dtype=nl_dtype(wdtype), src=w_src(n0, n1), name=f"{name}.w{n0}",
-                      earliest=earliest, nbytes_per_partition=(n1 - n0) * per_nt)
+                      earliest=earliest, nbytes_per_partition=(n1 - n0) * per_nt, stream=stream)
         e.pieces.append(ChunkUse(chunk, index))
         e.code("linear_chunk.j2", n=n1 - n0, n0=f"{base}{n0}", ps=f"{out}_ps", Pn=Pn, T=T, KT=KT, w=chunk.token, x=x,
                tok=tok, out=out, name=name, bias=bias, out_tok=out_tok)
@@ -263,7 +285,8 @@ def _attention(ins: ir.Attention, ctx: Context, i: int) -> Emitted:
     v = ctx.var(ins.out)
     kvb = _bytes(ins.k_cache.dtype)
     qb = _bytes(ins.q.dtype)
-    e = Emitted(sbuf=L * kvb + L * (4 + 4 + qb) + (L * _bytes(ins.mask.dtype)) + 2 * D * kvb + Hq * T * qb,
+    e = Emitted(sbuf=L * kvb + L * (4 + 4 + qb) + (L * _bytes(ins.mask.dtype)) + 2 * D * kvb * max(1, L // PMAX)
+                + Hq * T * qb,
                 psum_banks=3)
     # bf16 eager attention rounds after the matmul, the scale and the mask add; SDPA keeps scores in fp32
     exact = ins.q.dtype != torch.float32 and ins.rounding == "eager"
@@ -276,7 +299,7 @@ def _attention(ins: ir.Attention, ctx: Context, i: int) -> Emitted:
            tiles=_tiles(L, PMAX), chunks=[(c, s) for c, s, _ in _tiles(L, MOVING_MAX)], scale=repr(float(ins.scale)),
            exact_rounding=exact, score_dtype=nl_dtype(ins.q.dtype if exact else torch.float32),
            g_range=f"pid * {ctx.split(Hkv)}, pid * {ctx.split(Hkv)} + {ctx.split(Hkv)}" if ctx.split(Hkv) else str(Hkv),
-           half=ctx.split(Hkv) * G if ctx.split(Hkv) else 0)
+           half=ctx.split(Hkv) * G if ctx.split(Hkv) else 0, whole=L > PMAX and L % PMAX == 0)
     return e
 
 
@@ -369,7 +392,7 @@ def _experts(ins: ir.Experts, ctx: Context, i: int) -> Emitted:
 
             linear_pieces(e, name=f"{sub}.gu", x=ctx.var(ins.x), tok=f"{t}:{t + 1}", out=gu_tile, w_hbm=gu,
                           w_src=gu_src, Pk=Pk, KT=KT, Pn=Pg, NT=NTg, T=1, wdtype=ins.gate_up.dtype,
-                          chunk_bytes=ctx.chunk_bytes, earliest=i, index=i)
+                          chunk_bytes=ctx.chunk_bytes, earliest=i, index=i, stream="dynamic")
             e.code("experts_combine.j2", name=sub, hact=f"{out}_ga", h=f"{out}_h", gu=gu_tile, Pg=Pg, NTh=KTi,
                    act_op=act_op(ins.act), dtype=nl_dtype(dt))
             y = f"{out}_y"
@@ -382,7 +405,7 @@ def _experts(ins: ir.Experts, ctx: Context, i: int) -> Emitted:
 
             linear_pieces(e, name=f"{sub}.down", x=f"{out}_h", tok="0:1", out=y, w_hbm=dn, w_src=dn_src, Pk=Pi,
                           KT=KTi, Pn=Ph, NT=NTo, T=1, wdtype=ins.down.dtype, chunk_bytes=ctx.chunk_bytes,
-                          earliest=i, index=i)
+                          earliest=i, index=i, stream="dynamic")
             e.code("experts_accumulate.j2", name=sub, yw=f"{out}_yw", y=y, wb=wb, t=t, k=k, acc=f"{out}_acc",
                    Ph=Ph, FTh=NTo, dtype=nl_dtype(dt))
     e.code("experts_close.j2", out=out, acc=f"{out}_acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name,

@@ -27,7 +27,7 @@ import torch
 from . import ir
 from . import weights as W
 from .bind import ArgSpec, arg_specs
-from .emitters import Context, emit
+from .emitters import Context, assign_names, emit
 from .errors import CodegenError
 from .layout import PMAX, Layout
 from .plan import Budget, plan_layouts, sbuf_budget
@@ -120,6 +120,7 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
     if lnc == 2:
         pre_code.insert(0, "    pid = nl.program_id(axis=0)  # LNC=2: this core's half of the work\n")
 
+    assign_names(program.instructions)
     pieces: list = []
     current_layer: object = "start"
     peak_scratch, peak_psum, live_acts = 0, 0, 0

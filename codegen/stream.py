@@ -1,19 +1,28 @@
-"""Weight streaming: every weight chunk of the kernel in use order, loaded through a ring of SBUF buffers.
+"""Weight streaming: every weight chunk of the kernel in use order, loaded through rings of SBUF buffers.
 
-The kernel reads far more weight bytes than SBUF holds, so weights stream from HBM in chunks. Chunk ``c`` is
-loaded into ring buffer ``c % R`` and its DMA is issued ``R - 1`` chunks ahead of its use — across instruction
-and layer boundaries, so the next layer's first weights load while this layer computes. A chunk whose address
-depends on a value computed in the kernel (an expert id) cannot be issued before the instruction that uses it
-starts (``earliest``). The emitters place :class:`ChunkUse` markers; :func:`resolve` turns them into code.
+The kernel reads far more weight bytes than SBUF holds, so weights stream from HBM in chunks. There are two
+streams, each with its own ring of ``R`` buffers:
+
+* ``static``: weights whose address is known when the kernel is built (projections, norms, routers). Chunk ``c``
+  is loaded into buffer ``c % R`` and its DMA is issued ``R - 1`` chunks ahead of its use, across instruction and
+  layer boundaries, so the next layer's first weights load while this layer computes.
+* ``dynamic``: weights addressed by a value the kernel computes (the experts a router picked). Their DMAs cannot
+  start before the router has run (``earliest``); they go through their own ring and DMA queue so that, while
+  they wait, the static stream keeps prefetching the next layer's weights.
+
+The emitters place :class:`ChunkUse` markers; :func:`resolve` turns them into code.
 """
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 
 from .render import render
 
 _ids = itertools.count()
+_TOKEN = re.compile(r"@@chunk(\d+)@@")
+STREAMS = {"static": "wbuf", "dynamic": "xbuf"}
 
 
 @dataclass
@@ -24,6 +33,7 @@ class Chunk:
     name: str  # instruction name= for the DMA
     earliest: int  # index of the first instruction allowed to issue the DMA
     nbytes_per_partition: int
+    stream: str = "static"
     uid: int = field(default_factory=lambda: next(_ids))
 
     @property
@@ -39,30 +49,41 @@ class ChunkUse:
 
 
 def resolve(pieces: list, ring: int, indent: int = 4) -> tuple[str, dict]:
-    """Join code pieces, inserting chunk loads ``ring - 1`` ahead of use; return (code, stats)."""
-    uses = [p for p in pieces if isinstance(p, ChunkUse)]
-    order = {u.chunk.uid: i for i, u in enumerate(uses)}
-    names = {u.chunk.uid: f"wbuf{i % ring}" for i, u in enumerate(uses)}
-    loaded = 0
+    """Join code pieces, inserting chunk loads ahead of use per stream; return (code, stats)."""
+    uses = {s: [p for p in pieces if isinstance(p, ChunkUse) and p.chunk.stream == s] for s in STREAMS}
+    index = {u.chunk.uid: i for s in STREAMS for i, u in enumerate(uses[s])}
+    names = {u.chunk.uid: f"{STREAMS[s]}{i % ring}" for s in STREAMS for i, u in enumerate(uses[s])}
+    loaded = {s: 0 for s in STREAMS}  # chunks of each stream whose DMA has been emitted
+    used = {s: 0 for s in STREAMS}  # chunks of each stream whose compute has been emitted
     out: list[str] = []
     max_ahead = 0
+
+    def load(s: str, upto: int, instruction: int, must: int) -> None:
+        """Emit DMAs of stream ``s`` up to chunk ``upto`` (at least up to ``must``, which the code now needs)."""
+        while loaded[s] <= min(upto, len(uses[s]) - 1):
+            nxt = uses[s][loaded[s]]
+            if loaded[s] > must and nxt.chunk.earliest > instruction:
+                break  # depends on a value this point of the kernel does not have yet
+            c = nxt.chunk
+            dge = ", dge_mode=nisa.dge_mode.swdge" if s == "dynamic" else ""
+            out.append(render("dma_chunk.j2", indent=indent, var=names[c.uid], shape=c.shape, dtype=c.dtype,
+                              src=c.src, name=c.name, dge=dge))
+            loaded[s] += 1
+
     for p in pieces:
         if isinstance(p, ChunkUse):
-            i = order[p.chunk.uid]
-            target = min(i + ring - 1, len(uses) - 1)
-            while loaded <= target:
-                nxt = uses[loaded]
-                if loaded > i and nxt.chunk.earliest > p.instruction:
-                    break  # depends on a value this point of the kernel does not have yet
-                out.append(render("dma_chunk.j2", indent=indent, var=names[nxt.chunk.uid], shape=nxt.chunk.shape,
-                                  dtype=nxt.chunk.dtype, src=nxt.chunk.src, name=nxt.chunk.name))
-                loaded += 1
-            max_ahead = max(max_ahead, loaded - 1 - i)
+            s = p.chunk.stream
+            i = index[p.chunk.uid]
+            load(s, i + ring - 1, p.instruction, must=i)
+            max_ahead = max(max_ahead, loaded[s] - 1 - i)
+            used[s] = i + 1
+            for other in STREAMS:  # the other stream may prefetch now too (its ring slots are free)
+                if other != s:
+                    load(other, used[other] + ring - 1, p.instruction, must=used[other] - 1)
         else:
             out.append(p)
-    code = "".join(out)
-    for uid, name in names.items():
-        code = code.replace(f"@@chunk{uid}@@", name)
-    per_partition = max((u.chunk.nbytes_per_partition for u in uses), default=0)
-    return code, {"chunks": len(uses), "ring": ring, "max_lookahead": max_ahead,
-                  "ring_bytes_per_partition": per_partition * min(ring, max(1, len(uses)))}
+    code = _TOKEN.sub(lambda m: names[int(m.group(1))], "".join(out))
+    per_partition = {s: max((u.chunk.nbytes_per_partition for u in uses[s]), default=0) for s in STREAMS}
+    ring_bytes = sum(per_partition[s] * min(ring, max(1, len(uses[s]))) for s in STREAMS if uses[s])
+    return code, {"chunks": sum(len(v) for v in uses.values()), "dynamic_chunks": len(uses["dynamic"]),
+                  "ring": ring, "max_lookahead": max_ahead, "ring_bytes_per_partition": ring_bytes}

@@ -50,7 +50,6 @@ def _dynamo_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[Dy
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: Settings) -> Callable:
     """Compile one dynamo graph for fusegraph; returns the callable dynamo will run for it."""
-    install_rewrites()  # classes imported since the last call get their dispatcher for the next trace
     session = session_for(settings)
     index = session.reserve_index()
     t0 = time.perf_counter()
@@ -141,7 +140,14 @@ def _make_runner(session: CaptureSession, index: int, settings: Settings) -> Cal
 
 
 def _recording(session: CaptureSession, index: int, compiled: Callable) -> Callable:
+    first = [True]
+
     def run(*args: Any) -> Any:
+        if first[0]:
+            # model classes imported after the backend get their capture-rewrite dispatcher now, outside any
+            # trace (patching a class while dynamo compiles a frame that uses it trips dynamo's guards)
+            first[0] = False
+            install_rewrites()
         out = compiled(*args)
         session.record_outputs(index, out)
         return out

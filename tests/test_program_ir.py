@@ -68,3 +68,15 @@ def test_meta_device_capture_of_a_deeper_model():
     cap = capture_step(case.step, case.token, case.position, options={"executor": "eager"})
     assert cap.program.layers() == list(range(6))
     assert cap.outputs.device.type == "meta" and cap.outputs.shape == (1, 1, 1000)
+
+
+def test_step_returning_its_in_place_write_and_a_constant():
+    """A graph that returns the state it wrote in place, and uses a constant it created, runs eagerly as captured."""
+    cache = torch.zeros(4)
+
+    def step(x):
+        cache.index_copy_(0, torch.tensor([1]), x)
+        return cache, x + torch.tensor([2.0])
+
+    out = capture_step(step, torch.ones(1), options={"executor": "eager"}).outputs
+    assert torch.equal(out[0], torch.tensor([0.0, 1.0, 0.0, 0.0])) and torch.equal(out[1], torch.tensor([3.0]))

@@ -46,14 +46,23 @@ def start_partition_ok(start: int, n: int) -> bool:
     return start in (0, 32, 64, 96)
 
 
-class Instr:
-    """Validation/bookkeeping helper for one instruction call."""
+#: tensor arguments an instruction writes (every other tensor argument is an input; ``dsts[i]`` too)
+OUTPUT_ARGS = frozenset({"dst", "reduce_res", "result"})
 
-    __slots__ = ("name", "ctx")
+
+class Instr:
+    """Validation/bookkeeping helper for one instruction call.
+
+    ``inputs`` maps every input tensor argument seen by :meth:`tensor` / :meth:`onchip` to its dtype name
+    (``{"stationary": "bfloat16", "moving": "bfloat16"}``); :meth:`record` hands it to the profile.
+    """
+
+    __slots__ = ("name", "ctx", "inputs")
 
     def __init__(self, name: str):
         self.name = name
         self.ctx: ProgramContext = current(name)
+        self.inputs: dict[str, str] = {}
 
     @property
     def data(self) -> bool:
@@ -72,6 +81,8 @@ class Instr:
         m = x._st.mem
         if m is not None:
             m.last_use = self.ctx.rec.count
+        if arg not in OUTPUT_ARGS and not arg.startswith("dst"):
+            self.inputs[arg] = x.dtype.name
         if x._ap and x._ind is None:
             try:
                 check_bounds(x)
@@ -177,4 +188,5 @@ class Instr:
         return g
 
     def record(self, opcode: str, engine: str, partitions: int, free: int, dtype: str, name: Any) -> None:
-        self.ctx.rec.instr(self.ctx.site(), opcode, engine, partitions, free, dtype, name if isinstance(name, str) else None)
+        self.ctx.rec.instr(self.ctx.site(), opcode, engine, partitions, free, dtype, name if isinstance(name, str) else None,
+                           tuple(self.inputs.items()))

@@ -8,7 +8,9 @@ are converted through float32 when dtypes differ (swdge/none/unknown).
 
 Profile: one DMA instruction per call with its bytes, partitions, bytes per partition and an estimate of the
 descriptor count (one per contiguous run: ``elements / min(contiguous run of src, dst)``, runs never crossing
-a partition of an on-chip side), plus the HBM bytes read/written per tensor.
+a partition of an on-chip side), its queue, DGE mode and indirection (``vector`` when an endpoint has a runtime
+``vector_offset``, else ``scalar`` for a runtime ``scalar_offset``, else none), plus the HBM bytes read/written
+per tensor.
 """
 
 from __future__ import annotations
@@ -87,9 +89,12 @@ def _account(I: Instr, opcode: str, dst: NkiTensor, src: NkiTensor | list[NkiTen
     if dst.buffer.is_hbm:
         rec.hbm_traffic(dst._st.label, dst._st.kind, write=elements * dst.dtype.itemsize)
     s0 = srcs[0]
+    kinds = {t._ind.kind for t in (dst, *srcs) if t._ind is not None}
+    indirect = "vector" if "vector" in kinds else ("scalar" if kinds else "")
     rec.dma(site, opcode, (s0.buffer.name, _label(s0)), (dst.buffer.name, _label(dst)), queue, dge, nbytes,
-            partitions, desc)
-    rec.instr(site, opcode, "dma", partitions, elements // max(partitions, 1), dst.dtype.name, name_arg(name))
+            partitions, desc, indirect)
+    rec.instr(site, opcode, "dma", partitions, elements // max(partitions, 1), dst.dtype.name, name_arg(name),
+              tuple(I.inputs.items()))
 
 
 def _label(t: NkiTensor) -> str:

@@ -34,13 +34,16 @@ class SiteStats:
     elements: int = 0
     max_partitions: int = 0
     max_free: int = 0
-    dtypes: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)  # output (dst) dtypes; PSUM float32 for matmuls
     names: list[str] = field(default_factory=list)
+    #: input tensor argument -> its dtypes, e.g. ``{"moving": ["bfloat16"], "stationary": ["bfloat16"]}`` for
+    #: ``nc_matmul``, ``{"src": ["bfloat16"]}`` for a DMA; scalar (immediate) operands are not listed
+    input_dtypes: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
 class DmaStats:
-    """All DMAs issued from one source line with the same endpoints/queue/mode."""
+    """All DMAs issued from one source line with the same endpoints/queue/DGE mode/indirection."""
 
     file: str
     line: int
@@ -51,6 +54,7 @@ class DmaStats:
     dst_tensor: str
     queue: str
     dge_mode: str
+    indirect: str = ""  # "scalar" / "vector": a runtime scalar_offset / vector_offset was used (DGE); "" if not
     count: int = 0
     bytes: int = 0
     descriptors: int = 0
@@ -193,7 +197,9 @@ class Recorder:
         free: int,
         dtype: str,
         name: str | None,
+        inputs: tuple = (),
     ) -> None:
+        """Count one instruction; ``inputs`` is ``((argument, dtype), ...)`` of its input tensors."""
         elements = partitions * free
         e = self.engines[engine]
         e[0] += 1
@@ -201,7 +207,7 @@ class Recorder:
         key = (site[0], site[1], opcode, engine)
         s = self.sites.get(key)
         if s is None:
-            s = self.sites[key] = [0, 0, 0, 0, set(), set()]
+            s = self.sites[key] = [0, 0, 0, 0, set(), set(), set()]
         s[0] += 1
         s[1] += elements
         if partitions > s[2]:
@@ -211,6 +217,8 @@ class Recorder:
         s[4].add(dtype)
         if name:
             s[5].add(name)
+        if inputs:
+            s[6].add(inputs)
         idx = self.count
         self.count += 1
         if len(self.records) < self.max_records:
@@ -234,11 +242,12 @@ class Recorder:
         nbytes: int,
         partitions: int,
         descriptors: int,
+        indirect: str = "",
     ) -> None:
         self.dma_count += 1
         self.dma_bytes += nbytes
         self.dma_desc += descriptors
-        key = (site[0], site[1], opcode, src[0], dst[0], src[1], dst[1], queue, dge)
+        key = (site[0], site[1], opcode, src[0], dst[0], src[1], dst[1], queue, dge, indirect)
         d = self.dmas.get(key)
         if d is None:
             d = self.dmas[key] = [0, 0, 0, 0, 0, 0]
@@ -307,7 +316,7 @@ def merge(recorders: list[Recorder], profile: Profile) -> Profile:
         profile.dma_count += r.dma_count
         profile.dma_bytes += r.dma_bytes
         profile.dma_descriptors += r.dma_desc
-        for (file, line, opcode, engine), (cnt, el, mp, mf, dts, nms) in r.sites.items():
+        for (file, line, opcode, engine), (cnt, el, mp, mf, dts, nms, ins) in r.sites.items():
             key = (file, line, opcode, engine)
             s = sites.get(key)
             if s is None:
@@ -318,11 +327,17 @@ def merge(recorders: list[Recorder], profile: Profile) -> Profile:
             s.max_free = max(s.max_free, mf)
             s.dtypes = sorted(set(s.dtypes) | dts)
             s.names = sorted(set(s.names) | nms)[:16]
+            if ins:
+                by_arg: dict[str, set] = {a: set(v) for a, v in s.input_dtypes.items()}
+                for pairs in ins:
+                    for arg, dtype in pairs:
+                        by_arg.setdefault(arg, set()).add(dtype)
+                s.input_dtypes = {a: sorted(v) for a, v in sorted(by_arg.items())}
         for key, (cnt, nb, desc, parts, bpp, mx) in r.dmas.items():
             d = dmas.get(key)
             if d is None:
-                file, line, opcode, sb, db, sl, dl, q, dge = key
-                d = dmas[key] = DmaStats(file, line, opcode, sb, db, sl, dl, q, dge)
+                file, line, opcode, sb, db, sl, dl, q, dge, ind = key
+                d = dmas[key] = DmaStats(file, line, opcode, sb, db, sl, dl, q, dge, ind)
             d.count += cnt
             d.bytes += nb
             d.descriptors += desc

@@ -3,19 +3,15 @@
 The kernel comes from :func:`fusegraph.codegen.build.build_decode_kernel` (capture -> match -> lower ->
 generate) when it is available and succeeds; otherwise from :mod:`.synthetic` (the same instruction sequence
 built from the model config), and the result says which. The shape-only run is done here, not by the builder,
-because it needs two things the builder does not do: a progress monitor, and a work-around for CPython 3.11
-computing ``frame.f_lineno`` by scanning the line table of the (huge) kernel function on every instruction
-the interpreter records — see :func:`fast_line_numbers`.
+because it reports progress (the decoder layer the run is in).
 """
 from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from . import baselines
 from .costmodel import Estimate, estimate_kernel
@@ -80,31 +76,6 @@ def shard_overrides(config: dict[str, Any], cores: int) -> dict[str, Any]:
     return out
 
 
-@contextmanager
-def fast_line_numbers(function: str) -> Iterator[None]:
-    """Make ``frame.f_lineno`` O(1) in the kernel function for the duration of the block (CPython 3.11).
-
-    The interpreter attributes every instruction to ``frame.f_lineno``. CPython 3.11 computes it by scanning the
-    code object's line table unless the code object has its line array, which it builds when a frame of it
-    starts while a profile function is set. So: set a profile function until the kernel's frame starts, then
-    remove it (the cost is one Python call per function entered before the kernel). A 48-layer megakernel
-    goes from ~400 s to ~15 s of shape-only run.
-    """
-    if sys.version_info[:2] != (3, 11):
-        yield
-        return
-
-    def hook(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_name == function:
-            sys.setprofile(None)
-
-    sys.setprofile(hook)
-    try:
-        yield
-    finally:
-        sys.setprofile(None)
-
-
 def profile_shape_only(generated: Any, target: str, progress: Progress | None = None,
                        layers: int | None = None) -> dict[str, Any]:
     """Run ``generated`` in the interpreter's shape-only mode; return the profile as a dict."""
@@ -115,8 +86,7 @@ def profile_shape_only(generated: Any, target: str, progress: Progress | None = 
     fn = ns[generated.name]
     progress = progress or Progress(False)
     total = layers if layers is not None else len(generated.program.layers())
-    with fast_line_numbers(generated.name), KernelLineMonitor(generated.source, generated.name, progress.update,
-                                                             total):
+    with KernelLineMonitor(generated.source, generated.name, progress.update, total):
         nkisim.run(fn, *args, target=target, shape_only=True)
     return nkisim.last_profile().to_dict()
 

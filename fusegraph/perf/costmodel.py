@@ -184,13 +184,15 @@ def line_work(hw: HardwareParams, ln: KernelLine, index: int) -> Work:
     dep_ii = 0.0
     count = 0
     engine = ln.sites[0]["engine"] if ln.sites else "vector"
-    fp32_in = any(dt == "float32" for v, dt in ln.var_dtypes.items() if v in ln.reads)
     for s in ln.sites:
         n = max(1, s["count"])
         parts = max(1, s["max_partitions"])
         free = s["elements"] / n / parts
-        dts = list(s.get("dtypes") or []) + [dt for v, dt in ln.var_dtypes.items() if v in ln.reads]
-        per, ii = instruction_time(hw, s["engine"], s["opcode"], parts, free, dts, fp32_in)
+        # the interpreter's operand dtypes: for a matmul the stationary/moving inputs (its dst is fp32 PSUM)
+        inputs = [dt for dts in (s.get("input_dtypes") or {}).values() for dt in dts]
+        fp32_in = "float32" in inputs
+        per, ii = instruction_time(hw, s["engine"], s["opcode"], parts, free, list(s.get("dtypes") or []) + inputs,
+                                   fp32_in)
         busy += per * n
         dep_ii = max(dep_ii, ii)
         if s["engine"] == engine:

@@ -6,6 +6,8 @@ only loop over tokens, chunks and heads), so the order of the lines is the progr
 NKI call reads and writes give the dependencies. This module parses the source with :mod:`ast` (never executes
 it) and returns one :class:`KernelLine` per executed ``nisa.*`` call: its counters, the variables it reads and
 writes, the loops around it, its instruction ``name=`` and the region (codegen instruction) the name belongs to.
+What the interpreter saw at run time -- operand dtypes, DMA queue, DGE mode and runtime-offset (indirect)
+accesses -- comes from the profile (``sites[].input_dtypes``, ``dmas[].indirect``), not from the source.
 """
 from __future__ import annotations
 
@@ -37,10 +39,8 @@ class KernelLine:
     writes: tuple[str, ...]
     partial_write: bool  # the destination is a slice/view of its tensor (other parts keep older writers)
     loops: tuple[int, ...]  # ids (line numbers) of the enclosing for-loops, outermost first
-    indirect: str | None = None  # "scalar" / "vector" for DMAs with runtime offsets
     sites: list[dict[str, Any]] = field(default_factory=list)  # profile sites on this line (as dicts)
     dmas: list[dict[str, Any]] = field(default_factory=list)  # profile DMA aggregates on this line
-    var_dtypes: dict[str, str] = field(default_factory=dict)  # dtype of each operand variable at this point
 
     @property
     def count(self) -> int:
@@ -54,11 +54,23 @@ class KernelLine:
             return "dma"
         return self.sites[0]["engine"] if self.sites else "?"
 
+    @property
+    def indirect(self) -> str | None:
+        """``"vector"`` / ``"scalar"`` when a DMA of this line used a runtime ``vector_offset`` / ``scalar_offset``
+        (the profile's ``dmas[].indirect``), else None."""
+        kinds = {d.get("indirect") or "" for d in self.dmas}
+        if "vector" in kinds:
+            return "vector"
+        return "scalar" if "scalar" in kinds else None
 
-@dataclass
-class _Alloc:
-    buffer: str  # sbuf | psum | shared_hbm | hbm | private_hbm
-    dtype: str
+    @property
+    def input_dtypes(self) -> dict[str, list[str]]:
+        """Input tensor argument -> dtypes over the line's profile sites (``{"stationary": ["bfloat16"], ...}``)."""
+        out: dict[str, set[str]] = defaultdict(set)
+        for s in self.sites:
+            for arg, dts in (s.get("input_dtypes") or {}).items():
+                out[arg].update(dts)
+        return {a: sorted(v) for a, v in sorted(out.items())}
 
 
 def region_of(name: str) -> tuple[str, int | None]:
@@ -96,15 +108,6 @@ def _names(node: ast.AST) -> Iterable[str]:
             yield n.id
 
 
-def _indirect(node: ast.AST, current: str | None) -> str | None:
-    """``vector`` / ``scalar`` when an access pattern in ``node`` has a runtime offset (DGE-generated DMA)."""
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.keyword) and sub.arg in ("scalar_offset", "vector_offset"):
-            if not (isinstance(sub.value, ast.Constant) and sub.value.value is None):
-                current = "vector" if sub.arg == "vector_offset" else (current or "scalar")
-    return current
-
-
 def _const_str(node: ast.AST | None) -> str:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
 
@@ -125,13 +128,6 @@ def _kernel_function(tree: ast.Module, name: str | None) -> ast.FunctionDef:
     return funcs[0]
 
 
-def _dtype_of(call: ast.Call) -> str:
-    for kw in call.keywords:
-        if kw.arg == "dtype":
-            return ast.unparse(kw.value).replace("nl.", "")
-    return "?"
-
-
 def _buffer_of(call: ast.Call) -> str:
     for kw in call.keywords:
         if kw.arg == "buffer":
@@ -149,8 +145,7 @@ def parse_source(source: str, kernel: str | None = None) -> tuple[list[KernelLin
     tree = ast.parse(source)
     fn = _kernel_function(tree, kernel)
     params = {a.arg for a in fn.args.args}
-    allocs_now: dict[str, _Alloc] = {p: _Alloc("hbm", "?") for p in params}
-    buffers: dict[str, str] = {p: "hbm" for p in params}
+    buffers: dict[str, str] = {p: "hbm" for p in params}  # the variables that name tensors, and where they live
     lines: list[KernelLine] = []
     pending_allocs: list[str] = []
     alloc_events: dict[int, list] = defaultdict(list)
@@ -168,9 +163,7 @@ def parse_source(source: str, kernel: str | None = None) -> tuple[list[KernelLin
                 fn_text = ast.unparse(st.value.func)
                 if fn_text.endswith("ndarray") and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
                     var = st.targets[0].id
-                    a = _Alloc(_buffer_of(st.value), _dtype_of(st.value))
-                    allocs_now[var] = a
-                    buffers[var] = a.buffer
+                    buffers[var] = _buffer_of(st.value)
                     pending_allocs.append(var)
                 continue
             if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)):
@@ -188,16 +181,14 @@ def parse_source(source: str, kernel: str | None = None) -> tuple[list[KernelLin
                     if var is not None:
                         writes.append(var)
                         partial = partial or part
-            known = set(allocs_now)
+            known = buffers
             reads: list[str] = []
-            indirect = None
             for k, v in kws.items():
                 if k in ("name",) or k in OUTPUT_KEYWORDS:
                     continue
                 for n in _names(v):
                     if n in known and n not in reads:
                         reads.append(n)
-                indirect = _indirect(v, indirect)
             # indices inside the destination (e.g. a runtime offset of a scatter) are reads too
             for k in OUTPUT_KEYWORDS:
                 if k in kws:
@@ -205,16 +196,14 @@ def parse_source(source: str, kernel: str | None = None) -> tuple[list[KernelLin
                     for n in _names(kws[k]):
                         if n in known and n != base and n not in reads:
                             reads.append(n)
-                    indirect = _indirect(kws[k], indirect)
             name = _const_str(kws.get("name"))
             region, layer = region_of(name)
             idx = len(lines)
             if pending_allocs:
                 alloc_events[idx].extend(pending_allocs)
                 pending_allocs.clear()
-            dts = {v: allocs_now[v].dtype for v in set(reads) | set(writes) if v in allocs_now}
             lines.append(KernelLine(idx, st.lineno, f.attr, name, region, layer, tuple(reads), tuple(writes), partial,
-                                    loops, indirect, var_dtypes=dts))
+                                    loops))
 
     visit(fn.body, ())
     return lines, buffers, dict(alloc_events)

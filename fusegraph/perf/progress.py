@@ -15,6 +15,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, TextIO
 
+from fusegraph.nkisim.location import frame_line
+
 _LAYER_HEADER = re.compile(r"^\s*# =+ decoder layer (\d+) =+")
 
 
@@ -101,7 +103,7 @@ class KernelLineMonitor:
         for frame in sys._current_frames().values():  # the kernel may run in a worker thread (LNC=2)
             while frame is not None:
                 if frame.f_code.co_name == self.function:
-                    line = frame.f_lineno
+                    line = frame_line(frame)  # O(1), unlike f_lineno on a huge generated function
                     return self.layers[line - 1] if 0 < line <= len(self.layers) else None
                 frame = frame.f_back
         return None

@@ -1,6 +1,7 @@
 """Build program nodes from one ATen FX graph (as aot_autograd hands it over) and add them to a Program."""
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 from dataclasses import dataclass
@@ -176,10 +177,11 @@ def add_graph(
             G.add_node(nid, kind="output", graph=graph_index, fx_pos=pos, shape=None, dtype=None, args=(flat,))
             for a in n.all_input_nodes:
                 G.add_edge(node_id(graph_index, a.name), nid)
-        else:  # get_attr: constants lifted by aot are rare in inference graphs; keep them as inputs-like ops
+        else:  # get_attr: a constant the step created (torch.tensor([1])...); an op that returns it
+            value = getattr(gm, n.target)
             G.add_node(nid, kind="op", graph=graph_index, fx_pos=pos, shape=shape, dtype=dtype, op="get_attr",
-                       target=getattr(gm, n.target), args=(), kwargs={}, consts=(), module=None, module_type=None,
-                       layer=None, source_line=None, name=n.name)
+                       target=functools.partial(_constant, value), args=(), kwargs={}, consts=(), module=None,
+                       module_type=None, layer=None, source_line=None, name=n.name, frame_path="self")
     captured = CapturedGraph(
         index=graph_index,
         inputs=inputs,
@@ -194,6 +196,10 @@ def add_graph(
     program.graphs.append(captured)
     renumber(program)
     return captured
+
+
+def _constant(value: Any) -> Any:
+    return value
 
 
 def renumber(program: Program) -> None:

@@ -34,6 +34,24 @@ def _inplace_variant(target: object) -> object | None:
     return getattr(inplace, target._overloadname, None)
 
 
+def _swap(template: object, old: str, new: str) -> object:
+    """``template`` with every Ref to ``old`` pointing at ``new`` (copy_ returns its destination, so readers of
+    a removed copy_ read the in-place producer's value)."""
+    if isinstance(template, Ref):
+        return Ref(new, template.index) if template.node == old else template
+    if isinstance(template, (list, tuple)):
+        return type(template)(_swap(t, old, new) for t in template)
+    if isinstance(template, dict):
+        return {k: _swap(v, old, new) for k, v in template.items()}
+    return template
+
+
+def _replace_refs(d: dict, old: str, new: str) -> None:
+    for key in ("args", "kwargs"):
+        if key in d:
+            d[key] = _swap(d[key], old, new)
+
+
 def _readers(G: nx.DiGraph, node: str) -> list[str]:
     return [s for s in G.successors(node) if G.nodes[s]["kind"] == "op"]
 
@@ -75,6 +93,8 @@ def convert_state_writes(program: Program, captured: CapturedGraph) -> dict[str,
                 G.add_edge(r, producer, hazard=True)
             for s in list(G.successors(cp)):
                 G.add_edge(producer, s)
+                _replace_refs(G.nodes[s], cp, producer)
+            captured.outputs = [_swap(o, cp, producer) for o in captured.outputs]
             G.remove_node(cp)
             writes[state] = producer
             log.debug("graph %d: %s writes state %s in place", gi, pd["op"], state)

@@ -28,9 +28,9 @@ def test_rmsnorm_hidden_and_linear_with_bias(dtype, T):
     w = b.hbm("w_norm", (1 + 0.1 * torch.randn(384)).to(dtype))
     y = b.new("y", 384, dtype)
     b.ins.append(ir.RMSNorm(x=x, weight=w, out=y, eps=1e-6, group=384, layer=0))
-    z = b.new("z", 200, dtype)
-    b.ins.append(ir.Linear(x=y, weight=b.hbm("w_lin", (torch.randn(200, 384) / 20).to(dtype)), out=z,
-                           bias=b.hbm("b_lin", torch.randn(200).to(dtype)), layer=0))
+    z = b.new("z", 512, dtype)
+    b.ins.append(ir.Linear(x=y, weight=b.hbm("w_lin", (torch.randn(512, 384) / 20).to(dtype)), out=z,
+                           bias=b.hbm("b_lin", torch.randn(512).to(dtype)), layer=0))
     b.store(y)
     b.store(z)
     gen, res, ref, _ = b.run(chunk_bytes=1024)
@@ -63,7 +63,7 @@ def test_per_head_norm_and_rope(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("L", [32, 200])
+@pytest.mark.parametrize("L", [32, 200, 256])
 def test_kv_write_and_decode_attention(dtype, L):
     torch.manual_seed(2)
     B, Hq, Hkv, D = 2, 4, 2, 64

@@ -106,10 +106,52 @@ def test_profile_contents_and_json(K):
     assert p.peak_sbuf_bytes_per_partition > 0 and p.peak_psum_bytes_per_partition == 2048
     mm = [s for s in p.sites if s.opcode == "nc_matmul"][0]
     assert mm.count == 4 and mm.file.endswith("nki_kernels.py") and mm.engine == "tensor"
+    assert mm.dtypes == ["float32"] and mm.input_dtypes == {"moving": ["float32"], "stationary": ["float32"]}
+    assert wdma.indirect == "" and wdma.queue == "auto" and wdma.dge_mode == "unknown"
+    dmm = [s for s in d["sites"] if s["opcode"] == "nc_matmul"][0]
+    assert dmm["input_dtypes"] == {"moving": ["float32"], "stationary": ["float32"]}
+    assert {x["indirect"] for x in d["dmas"]} == {""}
     assert p.records[0].opcode == "dma_copy" and p.records_dropped == 0
     nkisim.run(K.tiled_matmul, xT, w, max_records=3)
     p = nkisim.last_profile()
     assert len(p.records) == 3 and p.records_dropped == p.instructions - 3
+
+
+def test_profile_operand_dtypes_and_indirect_dmas(K):
+    x = Abstract((128, 4), "bfloat16")
+    w = Abstract((8, 128, 256), "bfloat16")
+    nkisim.run(K.expert_gather_matmul, x, w, Abstract((1, 3), "int32"), shape_only=True)
+    d = json.loads(json.dumps(nkisim.last_profile().to_dict()))
+    mm = [s for s in d["sites"] if s["opcode"] == "nc_matmul"][0]
+    assert mm["dtypes"] == ["float32"]  # the PSUM output
+    assert mm["input_dtypes"] == {"moving": ["bfloat16"], "stationary": ["bfloat16"]}
+    copy = [s for s in d["sites"] if s["opcode"] == "tensor_copy"][0]
+    assert copy["input_dtypes"] == {"src": ["float32"]}
+    by_src = {x["src_tensor"]: x for x in d["dmas"] if x["src_buffer"] != "sbuf"}
+    assert by_src["w"]["indirect"] == "scalar" and by_src["w"]["count"] == 3  # expert weights by runtime id
+    assert by_src["x"]["indirect"] == "" and by_src["expert_ids"]["indirect"] == ""
+
+    src = """import nki
+import nki.language as nl
+import nki.isa as nisa
+
+
+@nki.jit
+def k(data, idx, table):
+    i = nl.ndarray(shape=(4, 1), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=i, src=idx)
+    g = nl.ndarray(shape=(4, 16), dtype=data.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=g, src=data.ap(pattern=[[16, 4], [1, 16]], vector_offset=i, indirect_dim=0))
+    nisa.dma_copy(dst=table.ap(pattern=[[16, 4], [1, 16]], vector_offset=i, indirect_dim=0), src=g,
+                  dge_mode=nisa.dge_mode.swdge)
+    return table
+"""
+    fn = nkisim.load_kernel_source(src, "/virtual/gather_scatter.py")["k"]
+    nkisim.run(fn, Abstract((64, 16), "bfloat16"), Abstract((4, 1), "uint32"), Abstract((64, 16), "bfloat16"),
+               shape_only=True)
+    dmas = {x.line: x for x in nkisim.last_profile().dmas}
+    assert dmas[9].indirect == "" and dmas[11].indirect == "vector" and dmas[11].dge_mode == "unknown"
+    assert dmas[12].indirect == "vector" and dmas[12].dge_mode == "swdge" and dmas[12].queue == "gpsimd"
 
 
 def test_cli_runs_a_kernel_file_with_its_own_harness(tmp_path):

@@ -113,3 +113,37 @@ def test_classify_and_breakdown():
     b = Breakdown()
     b.add(w[0], 1e-6)
     assert b.dma_count == 1 and b.wall == 1e-6
+
+
+def _line(opcode, sites=(), dmas=()):
+    from fusegraph.perf.kernelview import KernelLine
+
+    return KernelLine(0, 10, opcode, "L0.q_proj.linear.mm", "L0.q_proj.linear", 0, ("a",), ("b",), False, (),
+                      list(sites), list(dmas))
+
+
+def test_line_costs_use_the_profiled_operand_dtypes_and_indirection():
+    from fusegraph.perf.costmodel import line_work
+
+    def mm(inputs):
+        site = {"engine": "tensor", "opcode": "nc_matmul", "count": 2, "elements": 2 * 128 * 512,
+                "max_partitions": 128, "dtypes": ["float32"]}  # the PSUM output is fp32 either way
+        if inputs is not None:
+            site["input_dtypes"] = {"moving": [inputs], "stationary": [inputs]}
+        return line_work(HW, _line("nc_matmul", [site]), 0)
+
+    assert mm("float32").busy == pytest.approx(4 * mm("bfloat16").busy)
+    assert mm(None).busy == pytest.approx(mm("bfloat16").busy)  # profiles without input dtypes: not fp32
+
+    def dma(indirect):
+        d = {"file": "k.py", "line": 10, "opcode": "dma_copy", "src_buffer": "private_hbm", "dst_buffer": "sbuf",
+             "src_tensor": "w", "dst_tensor": "wbuf", "queue": "auto", "dge_mode": "unknown", "count": 1,
+             "bytes": 65536, "descriptors": 128, "partitions": 128, "bytes_per_partition": 512, "max_bytes": 65536}
+        if indirect is not None:
+            d["indirect"] = indirect
+        ln = _line("dma_copy", dmas=[d])
+        return ln.indirect, line_work(HW, ln, 0).engine
+
+    assert dma("vector") == ("vector", "gpsimd")  # vector-offset gathers are software DGE
+    assert dma("scalar") == ("scalar", "sync")
+    assert dma("") == (None, "sync") and dma(None) == (None, "sync")

@@ -56,4 +56,9 @@ def test_view_matches_the_profile(tiny_builds):
     chunk = next(ln for ln in view.lines if ln.name.startswith("L1.q_proj.linear.w"))
     assert chunk.region == "L1.q_proj.linear" and chunk.dmas[0]["src_tensor"] == "l1_q_proj_weight"
     expert = next(ln for ln in view.lines if ln.region == "L0.experts.experts" and ln.dmas)
-    assert expert.indirect == "scalar"  # the expert id is a runtime offset
+    assert expert.indirect == "scalar"  # the expert id is a runtime offset (the profile's dmas[].indirect)
+    assert all(d["indirect"] == "scalar" for d in expert.dmas)
+    assert chunk.indirect is None
+    # operand dtypes come from the profile: a matmul's stationary/moving inputs, not only its fp32 PSUM output
+    mm = next(ln for ln in view.lines if ln.opcode == "nc_matmul")
+    assert set(mm.input_dtypes) == {"stationary", "moving"} and mm.sites[0]["dtypes"] == ["float32"]

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fusegraph-installed
 
-.PHONY: setup report test test-all bench clean
+.PHONY: setup browser report test test-all bench clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,14 @@ setup: $(STAMP)
 report: setup
 	$(VENV)/bin/fusegraph report --model qwen3-moe-tiny
 
-test: setup
+# the HTML report test renders in headless Chromium (Debian's package); best effort: it skips without it
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1)) ; } || \
+		echo "chromium not available: the HTML report browser test will be skipped"
+
+test: setup browser
 	$(PY) -m pytest -q
 
 test-all: setup

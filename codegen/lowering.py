@@ -261,25 +261,17 @@ def _embedding(L: _Lowerer, m: Any) -> None:
     L.emit(ir.Embed(ids=idv, table=table, out=out, scale=scale), m)
 
 
-@rule("rmsnorm")
+@rule("rmsnorm", "rmsnorm_offset")
 def _rmsnorm(L: _Lowerer, m: Any) -> None:
+    """Plain RMSNorm and the ``(offset + weight)`` form (Gemma); q/k-norms normalize each head (last dim)."""
     x_node = _in(m, "x")
     x = L.act(x_node, _views(m, "x"))
-    group = int(L.node(x_node)["shape"][-1])
     w = L.hbm(_in(m, "weight")) if "weight" in m.inputs else None
-    out = L.new_act(_out(m), _label(m))
-    L.emit(ir.RMSNorm(x=x, weight=w, out=out, eps=float(m.params.get("eps", 1e-6)), group=group,
-                      weight_offset=float(m.params.get("offset", 0.0) or 0.0)), m)
-
-
-@rule("rmsnorm_offset")
-def _rmsnorm_offset(L: _Lowerer, m: Any) -> None:
-    x_node = _in(m, "x")
-    x = L.act(x_node, _views(m, "x"))
-    w = L.hbm(_in(m, "weight"))
+    default_offset = 1.0 if m.pattern.template == "rmsnorm_offset" else 0.0
     out = L.new_act(_out(m), _label(m))
     L.emit(ir.RMSNorm(x=x, weight=w, out=out, eps=float(m.params.get("eps", 1e-6)),
-                      group=int(L.node(x_node)["shape"][-1]), weight_offset=float(m.params.get("offset", 1.0))), m)
+                      group=int(L.node(x_node)["shape"][-1]),
+                      weight_offset=float(m.params.get("offset", default_offset) or 0.0)), m)
 
 
 @rule("sigmoid_gate")

@@ -38,15 +38,23 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from .inspection import capture_step
     from .models import build_decode
+    from .models.user import is_user_spec, load_user_step
 
-    case = build_decode(args.model, dtype=args.dtype, attn=args.attn, experts=args.experts, batch=args.batch,
-                        max_cache_len=args.max_cache_len, num_layers=args.layers)
-    reference = case.fork() if case.token.device.type != "meta" else None
     options = _parse_options(args.option)
-    cap = capture_step(case.step, case.token, case.position, options=options)
+    if is_user_spec(args.model):
+        user = load_user_step(args.model)
+        case = user.case
+        reference = case.fork() if case is not None and case.token.device.type != "meta" else None
+        cap = capture_step(user.fn, *user.args, options=options, **user.kwargs)
+        print(f"model {args.model} (user code)")
+    else:
+        case = build_decode(args.model, dtype=args.dtype, attn=args.attn, experts=args.experts, batch=args.batch,
+                            max_cache_len=args.max_cache_len, num_layers=args.layers)
+        reference = case.fork() if case.token.device.type != "meta" else None
+        cap = capture_step(case.step, case.token, case.position, options=options)
+        print(f"model {args.model} ({case.model.config.model_type}, {case.dtype}, attn={args.attn}"
+              + (f", experts={args.experts}" if "moe" in args.model else "") + f", batch {args.batch})")
     summary = cap.summary()
-    print(f"model {args.model} ({case.model.config.model_type}, {case.dtype}, attn={args.attn}"
-          + (f", experts={args.experts}" if "moe" in args.model else "") + f", batch {args.batch})")
     print(cap.format())
     if reference is not None:
         with torch.no_grad():
@@ -99,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="capture a bundled model's decode step; print what was captured and the "
                        "fused-region report")
-    r.add_argument("--model", default="qwen3-moe-tiny", help="bundled model name (see `fusegraph models`)")
+    r.add_argument("--model", default="qwen3-moe-tiny",
+                   help="bundled model name (see `fusegraph models`) or module:function of your own code")
     r.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: the model's)")
     r.add_argument("--attn", default="eager", help="HF attention implementation: eager | sdpa")
     r.add_argument("--experts", default="batched_mm", help="HF MoE experts implementation: batched_mm | grouped_mm | eager")

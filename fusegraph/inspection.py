@@ -10,6 +10,7 @@ import torch
 
 from .capture.session import CaptureSession, explicit_session, last_session
 from .program import InputKind, Program
+from .program.ir import value_nbytes as _nbytes
 from .settings import Settings
 
 
@@ -29,10 +30,6 @@ class Capture:
         return format_summary(self.summary())
 
 
-def _nbytes(shape: Any, dtype: str | None) -> int:
-    if shape is None or not isinstance(dtype, str) or not all(isinstance(s, int) for s in shape):
-        return 0
-    return math.prod(shape) * getattr(torch, dtype).itemsize
 
 
 def summarize(session: CaptureSession) -> dict[str, Any]:

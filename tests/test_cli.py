@@ -27,3 +27,15 @@ def test_report_option_writes_json(tmp_path):
     with torch.no_grad():
         f(torch.ones(3))
     assert json.loads(path.read_text())["op_count"] >= 2
+
+
+def test_report_accepts_user_code(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mymodels.py").write_text(
+        "from fusegraph.models import build_decode\n\n"
+        "def qwen_step():\n"
+        "    return build_decode('qwen3-tiny', num_layers=1)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--model", "mymodels:qwen_step", "--option", "executor=eager"]) == 0
+    text = capsys.readouterr().out
+    assert "user code" in text and "fused-region report" in text and "KV cache equal: True" in text

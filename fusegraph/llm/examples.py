@@ -379,6 +379,55 @@ def router_experts(T: int, H: int, E: int, I: int, K: int, dtype: torch.dtype, n
                      f"SwiGLU experts of intermediate size {I}", cases=("random", "negative"))
 
 
+def generic_quick_gelu(T: int, F: int, dtype: torch.dtype) -> Example:
+    """Generic lowering (no pattern): an elementwise chain, one NKI instruction per op."""
+    from fusegraph.codegen.generic import GOp
+
+    r = _Region(T, rows=T + 2)
+    x = r.act("x", F, dtype)
+    y = r.new("y", F, dtype)
+    ops = (GOp("a", "scalar:multiply", ("x", 1.702), "full", dtype), GOp("s", "act:sigmoid", ("a",), "full", dtype),
+           GOp("y", "alu:multiply", ("x", "s"), "full", dtype))
+    r.ins.append(ir.Elementwise(inputs=(x,), input_names=("x",), input_classes=("full",), ops=ops, outputs=(y,),
+                                output_names=("y",)))
+    r.store(y)
+    body = (f"    x = tbl_x[ids.long()]  # [{T}, {F}]\n"
+            f"    return x * torch.sigmoid(1.702 * x)\n")
+    return r.example("generic", _name("quick_gelu", t=T, f=F, dt=dtype),
+                     "Quick-GELU, lowered generically (an elementwise chain with no pattern).", body,
+                     "an elementwise chain no template covers: x * sigmoid(1.702 * x)")
+
+
+def generic_offset_norm(T: int, F: int, dtype: torch.dtype, eps: float = 1e-5) -> Example:
+    """Generic lowering (no pattern): a feature reduction (ones-matmul) plus broadcasts of per-token and
+    per-feature values."""
+    from fusegraph.codegen.generic import GOp
+
+    r = _Region(T, rows=T + 2)
+    x = r.act("x", F, dtype)
+    w = r.hbm("w", (F,), dtype, value_range=(-0.5, 0.5), edge_values=False,
+              description="norm weight (1 + w is applied), laid out [P, FT] for the kernel")
+    y = r.new("y", F, dtype)
+    f32 = torch.float32
+    ops = (GOp("sq", "alu:multiply", ("x", "x"), "full", f32),
+           GOp("m", "sum", ("sq",), "token", f32, scale=1.0 / F),
+           GOp("v", "scalar:add", ("m", eps), "token", f32), GOp("r", "act:rsqrt", ("v",), "token", f32),
+           GOp("xn", "alu:multiply", ("x", "r"), "full", dtype),
+           GOp("w1", "scalar:add", ("w", 1.0), "feature", f32), GOp("y", "alu:multiply", ("xn", "w1"), "full", dtype))
+    r.ins.append(ir.Elementwise(inputs=(x, w), input_names=("x", "w"), input_classes=("full", "feature"), ops=ops,
+                                outputs=(y,), output_names=("y",)))
+    r.store(y)
+    lay = r.generate("probe").layouts["x"]
+    body = (f"    x = tbl_x[ids.long()]  # [{T}, {F}]\n"
+            f"    wv = {_vector_text('w', lay, F)}  # w[p, ft] holds feature {_layout_comment(lay)}\n"
+            f"    xf = x.float()\n"
+            f"    xn = (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + {eps!r})).to(x.dtype)\n"
+            f"    return (xn.float() * (wv.float() + 1.0)).to(x.dtype)\n")
+    return r.example("generic", _name("offset_norm", t=T, f=F, dt=dtype),
+                     "An RMSNorm variant with (1 + w), lowered generically.", body,
+                     "a norm written by hand: feature-axis mean, per-token rsqrt, (1 + w) scale")
+
+
 # ---- sweeps ---------------------------------------------------------------------------------------------------
 f32, bf16 = torch.float32, torch.bfloat16
 
@@ -396,6 +445,8 @@ SWEEPS: dict[str, list[tuple[Callable[..., Example], dict[str, Any]]]] = {
         (attention, dict(B=2, Hq=4, Hkv=2, D=64, L=32, dtype=f32)),
         (attention, dict(B=1, Hq=2, Hkv=1, D=64, L=160, dtype=bf16)),
         (router_experts, dict(T=2, H=256, E=16, I=96, K=4, dtype=f32, normalize=True)),
+        (generic_quick_gelu, dict(T=2, F=256, dtype=f32)),
+        (generic_offset_norm, dict(T=1, F=384, dtype=bf16)),
     ],
 }
 SWEEPS["large"] = SWEEPS["small"] + [
@@ -405,6 +456,7 @@ SWEEPS["large"] = SWEEPS["small"] + [
         (linear, dict(T=4, K=512, N=640, bias=False)), (linear, dict(T=1, K=1024, N=256, bias=True)),
         (rope, dict(T=4, H=8, D=64)), (attention, dict(B=2, Hq=8, Hkv=2, D=128, L=256)),
         (router_experts, dict(T=1, H=512, E=32, I=128, K=8, normalize=False)),
+        (generic_quick_gelu, dict(T=3, F=512)), (generic_offset_norm, dict(T=2, F=1024)),
     ] for dt in (f32, bf16)
 ]
 

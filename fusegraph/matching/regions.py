@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..program import InputKind
+from ..program.ir import value_nbytes as _nbytes
 from ..settings import Settings
-from .canonicalize import CanonicalView, dtype_itemsize, is_glue, is_layout_preserving
+from .canonicalize import CanonicalView, is_glue, is_layout_preserving
 from .matcher import _op_in
 from .reach import Reach
 from .results import Block, Boundary, Decision, Match, Region
+
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +45,6 @@ class RegionResult:
     outside_reason: dict[str, str]  # original node -> why it is outside every region (region-level reasons)
 
 
-def _nbytes(shape: Any, dtype: Any) -> int:
-    if not isinstance(shape, tuple) or not all(isinstance(s, int) for s in shape) or not isinstance(dtype, str):
-        return 0
-    n = 1
-    for s in shape:
-        n *= s
-    return n * dtype_itemsize(dtype)
 
 
 def form_regions(cv: CanonicalView, reach: Reach, matches: list[Match], settings: Settings,

@@ -33,6 +33,21 @@ from typing import Any, Iterator
 import networkx as nx
 
 
+def value_nbytes(shape: Any, dtype: Any) -> int:
+    """Bytes of a node value from its metadata (0 for non-tensors and symbolic shapes)."""
+    import torch
+
+    if not isinstance(shape, tuple) or not all(isinstance(s, int) for s in shape) or not isinstance(dtype, str):
+        return 0
+    t = getattr(torch, dtype, None)
+    if not isinstance(t, torch.dtype):
+        return 0
+    n = 1
+    for s in shape:
+        n *= s
+    return n * t.itemsize
+
+
 class InputKind(str, enum.Enum):
     """What a graph input is, which decides how codegen treats it."""
 

@@ -11,19 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..matching.analyze import Analysis
-from ..matching.canonicalize import dtype_itemsize
 from ..matching.results import _jsonable
+from ..program.ir import value_nbytes as _nbytes
+
 
 SCHEMA = "fusegraph.report/1"
 
 
-def _nbytes(shape: Any, dtype: Any) -> int:
-    if not isinstance(shape, tuple) or not all(isinstance(s, int) for s in shape) or not isinstance(dtype, str):
-        return 0
-    n = 1
-    for s in shape:
-        n *= s
-    return n * dtype_itemsize(dtype)
 
 
 @dataclass

@@ -15,7 +15,7 @@ def test_export_writes_verified_examples_that_reverify(tmp_path, capsys):
     metas = [json.loads(x) for x in meta_path(out).read_text().splitlines()]
     assert len(lines) == len(metas) == len(SWEEPS["small"]) + len(facts.card_functions()) + 1
     kinds = {m["example"] for m in metas if m["kind"] == "kernel"}
-    assert kinds == {"gated_act", "rmsnorm", "rmsnorm_heads", "linear", "rope", "attention", "router_experts"}
+    assert kinds == {"gated_act", "rmsnorm", "rmsnorm_heads", "linear", "rope", "attention", "router_experts", "generic"}
     for line in lines:
         rec = json.loads(line)
         assert list(rec) == ["messages"]

@@ -15,8 +15,6 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, TextIO
 
-from fusegraph.nkisim.location import frame_line
-
 _LAYER_HEADER = re.compile(r"^\s*# =+ decoder layer (\d+) =+")
 
 
@@ -100,6 +98,8 @@ class KernelLineMonitor:
         self._t0 = 0.0
 
     def _current_layer(self) -> int | None:
+        from fusegraph.nkisim.location import frame_line  # (lazy: importing the interpreter is not free)
+
         for frame in sys._current_frames().values():  # the kernel may run in a worker thread (LNC=2)
             while frame is not None:
                 if frame.f_code.co_name == self.function:

@@ -12,8 +12,6 @@ published figure and the error beside each modeled one. Writes JSON (and optiona
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
@@ -32,24 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-per-op", action="store_true", help="skip the per-op baselines (no capture needed)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    result = bench.run(args.models.split(","), args.targets.split(","), layers=args.layers, cache_len=args.cache_len,
-                       prefer="synthetic" if args.synthetic else "pipeline", per_op=not args.no_per_op,
-                       keep=bool(args.html_dir))
-    perfs = result.pop("_perf", {})
-    print(bench.format_tables(result))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    print(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")
-    if args.html_dir:
-        from fusegraph.perf.html import write_perf
-
-        os.makedirs(args.html_dir, exist_ok=True)
-
-        for key, perf in perfs.items():
-            path = os.path.join(args.html_dir, f"perf-{key.replace('@', '-')}.html")
-            write_perf(path, perf)
-            print(f"wrote {path}")
+    bench.run_and_write(args.models.split(","), args.targets.split(","), layers=args.layers, cache_len=args.cache_len,
+                        synthetic=args.synthetic, per_op=not args.no_per_op, json_path=args.out,
+                        html_dir=args.html_dir)
+    print(f"({time.perf_counter() - t0:.0f} s)")
     return 0
 
 

@@ -27,7 +27,8 @@ class KernelBuild:
         return self.generated.source
 
 
-def _abstract_args(generated: Any) -> list:
+def abstract_args(generated: Any) -> list:
+    """Shape-only stand-ins for every argument of a generated kernel (kernel shapes and dtypes)."""
     from fusegraph import nkisim
 
     from .runtime import _np_dtype
@@ -56,22 +57,38 @@ class CapturedStep:
 
 def capture_decode(model: str, *, options: dict | None = None, case_kwargs: dict | None = None,
                    progress: Callable[[str], None] | None = None) -> CapturedStep:
+    """A bundled model (``fusegraph models``) or ``module:function`` user code, captured and analyzed."""
+    from fusegraph.models import build_decode
+    from fusegraph.models.user import is_user_spec, load_user_step
+
+    say = progress or (lambda msg: None)
+    say(f"building {model}")
+    if is_user_spec(model):
+        user = load_user_step(model)
+        return capture_callable(model, user.fn, user.args, user.kwargs, options=options, progress=progress)
+    case = build_decode(model, **(case_kwargs or {}))
+    return capture_callable(model, case.step, (case.token, case.position), {}, options=options, progress=progress)
+
+
+def capture_callable(name: str, fn: Callable, args: tuple, kwargs: dict, *, options: dict | None = None,
+                     progress: Callable[[str], None] | None = None) -> CapturedStep:
     from fusegraph.inspection import capture_step
     from fusegraph.matching import analyze
-    from fusegraph.models import build_decode
     from fusegraph.settings import Settings
 
     say = progress or (lambda msg: None)
     opts = {"executor": "eager", **(options or {})}
     t0 = time.perf_counter()
-    say(f"building {model}")
-    case = build_decode(model, **(case_kwargs or {}))
     say("capturing the decode step")
-    cap = capture_step(case.step, case.token, case.position, options=opts)
+    cap = capture_step(fn, *args, options=opts, **kwargs)
     t1 = time.perf_counter()
     say("matching patterns and forming regions")
     analysis = analyze(cap.program, Settings.from_options(opts))
-    return CapturedStep(model=model, program=cap.program, analysis=analysis, settings_options=opts,
+    if not analysis.regions:
+        from .errors import CodegenError
+
+        raise CodegenError(f"{name}: no fusible region was found (see `fusegraph report`)")
+    return CapturedStep(model=name, program=cap.program, analysis=analysis, settings_options=opts,
                         timings={"capture_s": t1 - t0, "match_s": time.perf_counter() - t1})
 
 
@@ -103,7 +120,7 @@ def build_for_target(step: CapturedStep, target: str, *, profile: bool = True,
         say(f"shape-only run of {generated.stats['lines']} kernel lines on {target}")
         ns = nkisim.load_kernel_source(generated.source, f"<fusegraph:{step.model}>", target=target)
         kwargs = {"sbuf_budget": settings.sbuf_budget} if settings.sbuf_budget else {}
-        nkisim.run(ns[generated.name], *_abstract_args(generated), target=target, shape_only=True, lnc=settings.lnc,
+        nkisim.run(ns[generated.name], *abstract_args(generated), target=target, shape_only=True, lnc=settings.lnc,
                    **kwargs)
         build.profile = nkisim.last_profile().to_dict()
         timings["profile_s"] = time.perf_counter() - t3

@@ -92,34 +92,9 @@ def profile_shape_only(generated: Any, target: str, progress: Progress | None = 
 
 
 def _abstract_args(generated: Any) -> list:
-    from fusegraph import nkisim
+    from fusegraph.codegen.build import abstract_args
 
-    try:
-        from fusegraph.codegen.build import _abstract_args as builder_args
-
-        return builder_args(generated)
-    except ImportError:  # pragma: no cover - older codegen
-        pass
-    import ml_dtypes
-    import numpy as np
-    import torch
-
-    def np_dtype(dt: torch.dtype) -> Any:
-        if dt == torch.bfloat16:
-            return ml_dtypes.bfloat16
-        if dt == torch.int64:
-            return np.int32
-        return torch.empty((), dtype=dt).numpy().dtype
-
-    out = []
-    for name in generated.args:
-        if name in generated.specs:
-            s = generated.specs[name]
-            out.append(nkisim.Abstract(tuple(s.shape), np_dtype(s.dtype)))
-        else:
-            t = generated.constants[name]
-            out.append(nkisim.Abstract(tuple(t.shape), np_dtype(t.dtype)))
-    return out
+    return abstract_args(generated)
 
 
 def build_kernels(model: str, targets: Sequence[str], *, layers: int | None = None, cache_len: int = 640,

@@ -162,3 +162,30 @@ def format_tables(result: dict[str, Any]) -> str:
             parts = [f'{r["parameter"]}={r["value"]:.3g}: {r["seconds_per_layer"] * 1e6:.1f}' for r in sens]
             out.append("sensitivity of (c) us/layer to the sourced parameter ranges: " + "; ".join(parts))
     return "\n".join(out)
+
+
+def run_and_write(models: list[str], targets: list[str], *, layers: int | None = None, cache_len: int = 640,
+                  synthetic: bool = False, per_op: bool = True, json_path: str | None = None,
+                  html_dir: str | None = None) -> dict:
+    """Run the benchmark, print its tables, write the JSON and (optionally) one HTML report per model/target."""
+    import json
+    import os
+
+    result = run(models, targets, layers=layers, cache_len=cache_len, prefer="synthetic" if synthetic else "pipeline",
+                 per_op=per_op, keep=bool(html_dir))
+    perfs = result.pop("_perf", {})
+    print(format_tables(result))
+    if json_path:
+        os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        print(f"wrote {json_path}")
+    if html_dir:
+        from .html import write_perf
+
+        os.makedirs(html_dir, exist_ok=True)
+        for key, perf in perfs.items():
+            path = os.path.join(html_dir, f"perf-{key.replace('@', '-')}.html")
+            write_perf(path, perf)
+            print(f"wrote {path}")
+    return result

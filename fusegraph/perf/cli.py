@@ -7,11 +7,10 @@ returns the decode step to compile: a :class:`fusegraph.models.DecodeCase`, or `
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from .progress import Progress
 
@@ -45,91 +44,27 @@ def add_report_html_flag(parser: argparse.ArgumentParser) -> None:
                         help="also write the self-contained HTML report (graph, regions, decision log, modeled time)")
 
 
-# ---- model resolution ---------------------------------------------------------------------------------------------
-def load_user_step(spec: str) -> tuple[Callable, tuple, dict, Any]:
-    """``module:function`` -> (step fn, args, kwargs, config or None)."""
-    mod_name, _, fn_name = spec.partition(":")
-    if not mod_name or not fn_name:
-        raise SystemExit(f"--model {spec!r}: expected a bundled name or module:function")
-    sys.path.insert(0, os.getcwd())
-    try:
-        obj = getattr(importlib.import_module(mod_name), fn_name)()
-    finally:
-        sys.path.pop(0)
-    if hasattr(obj, "step") and hasattr(obj, "token"):
-        return obj.step, (obj.token, obj.position), {}, getattr(obj.model, "config", None)
-    if isinstance(obj, tuple) and len(obj) in (2, 3):
-        fn, args = obj[0], tuple(obj[1])
-        kwargs = dict(obj[2]) if len(obj) == 3 else {}
-        return fn, args, kwargs, getattr(fn, "config", None)
-    raise SystemExit(f"{spec} returned {type(obj).__name__}; expected a DecodeCase or (fn, args[, kwargs])")
-
-
-def build_user_kernel(spec: str, target: str, progress: Progress) -> Any:
-    """Capture -> match -> lower -> generate for user code (the bundled path is codegen.build.build_decode_kernel)."""
-    from fusegraph.codegen.lowering import lower_region
-    from fusegraph.codegen.megakernel import generate
-    from fusegraph.executors.kernels import _tokens
-    from fusegraph.inspection import capture_step
-    from fusegraph.matching import analyze
-    from fusegraph.settings import Settings
-
-    fn, args, kwargs, config = load_user_step(spec)
-    settings = Settings.from_options({"executor": "eager", "target": target})
-    with progress.step(f"{spec}: capture"):
-        cap = capture_step(fn, *args, options={"executor": "eager", "target": target}, **kwargs)
-    with progress.step(f"{spec}: match"):
-        analysis = analyze(cap.program, settings)
-    if not analysis.regions:
-        raise SystemExit(f"{spec}: no fusible region was found (see `fusegraph report`)")
-    region = max(analysis.regions, key=lambda r: len(r.matches))
-    with progress.step(f"{spec}: lower and generate"):
-        lowered = lower_region(cap.program, region, _tokens(cap.program, region), name="fusegraph_decode_step")
-        gen = generate(lowered.program, target=target, chunk_bytes=settings.weight_chunk_kib * 1024,
-                       ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, model=spec)
-    return cap.program, analysis, gen, config
-
-
 # ---- commands -----------------------------------------------------------------------------------------------------
 def cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
+    from .bench import run_and_write
 
-    result = bench.run(args.models.split(","), args.targets.split(","), layers=args.layers, cache_len=args.cache_len,
-                       prefer="synthetic" if args.synthetic else "pipeline", per_op=not args.no_per_op,
-                       keep=bool(args.html_dir))
-    perfs = result.pop("_perf", {})
-    print(bench.format_tables(result))
-    if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-        print(f"wrote {args.json}")
-    if args.html_dir:
-        from .html import write_perf
-
-        os.makedirs(args.html_dir, exist_ok=True)
-        for key, perf in perfs.items():
-            path = os.path.join(args.html_dir, f"perf-{key.replace('@', '-')}.html")
-            write_perf(path, perf)
-            print(f"wrote {path}")
+    run_and_write(args.models.split(","), args.targets.split(","), layers=args.layers, cache_len=args.cache_len,
+                  synthetic=args.synthetic, per_op=not args.no_per_op, json_path=args.json, html_dir=args.html_dir)
     return 0
 
 
 def cmd_kernel(args: argparse.Namespace) -> int:
-    progress = Progress(None)
-    if ":" in args.model:
-        _, _, gen, _ = build_user_kernel(args.model, args.target, progress)
-    else:
-        from fusegraph.codegen.build import build_decode_kernel
+    from fusegraph.codegen.build import build_decode_kernel
 
-        case_kwargs: dict[str, Any] = {}
-        if args.layers is not None:
-            case_kwargs["num_layers"] = args.layers
-        if args.max_cache_len is not None:
-            case_kwargs["max_cache_len"] = args.max_cache_len
-        with progress.step(f"{args.model}: capture, match, codegen ({args.target})"):
-            gen = build_decode_kernel(args.model, target=args.target, profile=False, case_kwargs=case_kwargs,
-                                      progress=progress.update).generated
+    progress = Progress(None)
+    case_kwargs: dict[str, Any] = {}
+    if args.layers is not None:
+        case_kwargs["num_layers"] = args.layers
+    if args.max_cache_len is not None:
+        case_kwargs["max_cache_len"] = args.max_cache_len
+    with progress.step(f"{args.model}: capture, match, codegen ({args.target})"):
+        gen = build_decode_kernel(args.model, target=args.target, profile=False, case_kwargs=case_kwargs,
+                                  progress=progress.update).generated
     if args.out:
         with open(args.out, "w") as f:
             f.write(gen.source)

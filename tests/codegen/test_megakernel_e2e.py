@@ -160,3 +160,38 @@ def test_lnc2_megakernel_matches_eager():
     assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
     for a, b in zip(logits_c, logits_e):
         assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
+
+
+def test_cache_key_follows_patterns_templates_and_target(monkeypatch):
+    """The disk-cache key changes with a pattern's code, a template, the target and the streaming settings."""
+    from dataclasses import dataclass
+
+    from fusegraph.codegen import ir
+    from fusegraph.executors.kernels import cache_key
+    from fusegraph.settings import Settings
+
+    @dataclass
+    class Pat:
+        name: str
+        fn: object
+
+    @dataclass
+    class M:
+        pattern: Pat
+
+    @dataclass
+    class R:
+        matches: list
+
+    x = ir.Value("x", ir.ValueKind.ACT, (1, 8), torch.float32)
+    y = ir.Value("y", ir.ValueKind.ACT, (1, 8), torch.float32)
+    prog = ir.KernelProgram("k", 1, [ir.Add(a=x, b=x, out=y)], inputs=[], outputs=[])
+    s = Settings()
+    base = cache_key(prog, "trn2", s, R([M(Pat("p.a", lambda v: v + 1))]))
+    assert cache_key(prog, "trn2", s, R([M(Pat("p.a", lambda v: v + 1))])) == base
+    assert cache_key(prog, "trn2", s, R([M(Pat("p.a", lambda v: v * 2))])) != base  # plugin code changed
+    assert cache_key(prog, "trn3", s, R([M(Pat("p.a", lambda v: v + 1))])) != base
+    assert cache_key(prog, "trn2", s.replace(weight_buffers=6), R([M(Pat("p.a", lambda v: v + 1))])) != base
+    monkeypatch.setattr("fusegraph.codegen.render.templates_hash", lambda: "changed")
+    assert cache_key(prog, "trn2", s, R([M(Pat("p.a", lambda v: v + 1))])) != base
+

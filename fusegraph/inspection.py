@@ -52,13 +52,22 @@ def summarize(session: CaptureSession) -> dict[str, Any]:
         "state_writes": {s: prog.graph.nodes[n]["op"] for g in prog.graphs for s, n in g.state_writes.items()},
         "layers": len(prog.layers()),
         "compile_seconds": round(session.compile_seconds, 3),
+        "layer_calls_reusing_traces": {"calls": sum(c for c, _ in session.layer_traces.values()),
+                                       "traced": sum(t for _, t in session.layer_traces.values())},
         "settings": session.settings.to_dict(),
     }
 
 
+def _reuse_note(reuse: Mapping[str, int] | None) -> str:
+    if not reuse or not reuse.get("calls"):
+        return ""
+    return f" (dynamo traced {reuse['traced']} decoder layer(s) for {reuse['calls']} layer calls)"
+
+
 def format_summary(s: Mapping[str, Any]) -> str:
     lines = [f"captured {len(s['graphs'])} graph(s), {s['op_count']} ATen ops, {s['layers']} decoder layers, "
-             f"compile {s['compile_seconds']:.2f} s"]
+             f"compile {s['compile_seconds']:.2f} s"
+             + _reuse_note(s.get("layer_calls_reusing_traces"))]
     for g in s["graphs"]:
         lines.append(f"  graph {g['index']}: {g['dynamo_nodes']} dynamo nodes -> {g['aten_nodes']} ATen ops, "
                      f"{g['inputs']} inputs, {g['outputs']} outputs, executor={g['executor']}")

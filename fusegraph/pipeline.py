@@ -11,11 +11,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
-from functorch.compile import make_boxed_func
-from torch._functorch.aot_autograd import aot_module_simplified
 
+from .capture.inline_regions import inline_regions, region_bodies
+from .capture.lower import to_aten
 from .capture.checks import CaptureRefused, check_capturable, dynamo_input_sources
 from .capture.rewrites import install_rewrites
+from .capture.rewrites.hf_layer_reuse import allow_region_fallback
 from .capture.session import CaptureSession, session_for
 from .executors import get_executor
 from .capture.paths import current_frame_modules
@@ -53,7 +54,12 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
     session = session_for(settings)
     index = session.reserve_index()
     t0 = time.perf_counter()
+    allow_region_fallback(False)  # dynamo's own default again once tracing for fusegraph is over
     try:
+        bodies = region_bodies(gm)
+        if bodies:  # layer reuse: dynamo traced a layer once and called the trace N times; flatten again
+            session.layer_traces[index] = (inline_regions(gm), len(bodies))
+            log.debug("graph %d: %d layer calls from %d dynamo trace(s), inlined", index, *session.layer_traces[index])
         check_capturable(gm, example_inputs)
         producers = session.find_producers(example_inputs)
         dyn_inputs = _dynamo_inputs(gm, example_inputs)
@@ -61,16 +67,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
         session.paths.register(index, current_frame_modules())
         dynamo_nodes = sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output"))
 
-        def fw_compiler(aten_gm: fx.GraphModule, _fake_inputs: Sequence[Any]) -> Callable:
-            add_graph(session.program, aten_gm, index, dyn_inputs, dynamo_nodes)
-            session.paths.refresh(session.program)
-            session.add_links(index, producers)
-            session.add_break(index, reason)
-            runner = _make_runner(session, index, settings)
-            return make_boxed_func(lambda *args: runner(args))
-
-        compiled = aot_module_simplified(gm, list(example_inputs), fw_compiler=fw_compiler,
-                                         keep_inference_input_mutations=True)
+        aten_gm = to_aten(gm, example_inputs)
+        add_graph(session.program, aten_gm, index, dyn_inputs, dynamo_nodes)
+        session.paths.refresh(session.program)
+        session.add_links(index, producers)
+        session.add_break(index, reason)
+        runner = _make_runner(session, index, settings)
+        compiled = lambda *args: runner(args)  # noqa: E731
     except CaptureRefused as refused:
         session.refusals.append(_refusal(index, str(refused)))
         warn(f"graph {index}: {refused}; running it eagerly")
@@ -126,7 +129,7 @@ def _refusal(index: int, reason: str):
 def _make_runner(session: CaptureSession, index: int, settings: Settings) -> Callable:
     name = resolve_executor_name(settings)
     try:
-        # aot calls the compiler under its FakeTensorMode; codegen computes real constants
+        # dynamo calls backends under its FakeTensorMode; codegen computes real constants
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
             runner = get_executor(name).compile(session.program, index, settings)
     except Exception as e:  # noqa: BLE001

@@ -61,6 +61,12 @@ class Settings:
         "Substitute known graph-break-causing module implementations (e.g. HF eager MoE expert loops) by "
         "mathematically equal traceable ones while fusegraph traces.",
     )
+    reuse_layer_traces: bool = _opt(
+        True,
+        "With capture_rewrites: trace one HF decoder layer (static cache) and let dynamo reuse the trace for every "
+        "identical layer (nested compile regions, inlined again before lowering); the program is unchanged, "
+        "capture of deep models is ~2x faster.",
+    )
     pass_through_build_failures: bool = _opt(
         False,
         "Raise capture/codegen errors instead of warning and falling back to the eager path (for debugging).",

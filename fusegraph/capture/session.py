@@ -40,6 +40,8 @@ class CaptureSession:
     program: Program = field(default_factory=Program)
     refusals: list[Refusal] = field(default_factory=list)
     compile_seconds: float = 0.0
+    #: per graph with layer reuse: (decoder-layer calls, distinct dynamo traces of them); inlined before lowering
+    layer_traces: dict[int, tuple[int, int]] = field(default_factory=dict)
     executors: dict[int, str] = field(default_factory=dict)
     paths: ModelPaths = field(default_factory=ModelPaths)
     _next: Iterator[int] = field(default_factory=itertools.count)

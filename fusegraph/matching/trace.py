@@ -89,32 +89,21 @@ class CompiledVariant:
         return self.graph.nodes[n]["p"]
 
 
-class _Abort(Exception):
-    pass
-
-
 def trace_program(fn: Callable[..., Any], args: list[torch.Tensor], names: list[str],
                   weights: frozenset[str] = frozenset()) -> tuple[Program, list[str]]:
-    """Trace ``fn(*args)`` with aot_autograd into a one-graph Program; also return the output node ids."""
-    from torch._functorch.aot_autograd import aot_function
-
+    """Trace ``fn(*args)`` into a one-graph Program (as captured steps are traced); also return the output ids."""
+    from ..capture.lower import to_aten
     from ..program.build import DynamoInput, add_graph, node_id
 
-    box: dict[str, Any] = {}
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    def compiler(gm: torch.fx.GraphModule, _example: Any) -> Callable:
-        box["gm"] = gm
-        raise _Abort  # no need to run it: the graph is all we want
-
-    traced = aot_function(fn, fw_compiler=compiler, keep_inference_input_mutations=True)
     try:
-        with torch.no_grad(), torch._guards.tracing(None):
-            traced(*args)
-    except _Abort:
-        pass
-    gm = box.get("gm")
-    if gm is None:
-        raise PatternTraceError("aot_autograd produced no graph")
+        with torch._guards.tracing(None):  # patterns may be traced while dynamo compiles: not in its context
+            gm = to_aten(fn, args, fake_mode=FakeTensorMode())
+    except PatternTraceError:
+        raise
+    except Exception as e:
+        raise PatternTraceError(f"tracing failed: {type(e).__name__}: {e}") from e
     prog = Program()
     inputs = [DynamoInput(source=n, is_tensor=True, is_parameter=n in weights) for n in names]
     captured = add_graph(prog, gm, 0, inputs)

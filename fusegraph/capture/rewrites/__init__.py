@@ -3,16 +3,19 @@ from .base import (
     CaptureRewrite,
     apply_to_module,
     install_rewrites,
+    original_forward,
     register_capture_rewrite,
     registered_rewrites,
     remove_from_module,
 )
-from . import hf_eager_experts as _hf_eager_experts  # noqa: F401  (registers the built-in rewrite)
+from . import hf_eager_experts as _hf_eager_experts  # noqa: F401  (registers the built-in rewrites)
+from . import hf_layer_reuse as _hf_layer_reuse  # noqa: F401
 
 __all__ = [
     "CaptureRewrite",
     "apply_to_module",
     "install_rewrites",
+    "original_forward",
     "register_capture_rewrite",
     "registered_rewrites",
     "remove_from_module",

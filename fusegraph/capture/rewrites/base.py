@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -54,18 +56,24 @@ def registered_rewrites() -> list[CaptureRewrite]:
     return list(_REWRITES.values())
 
 
-@torch._dynamo.assume_constant_result
-def _rewrites_active() -> bool:
-    """True while dynamo traces for a fusegraph compile with capture rewrites enabled (constant at trace time)."""
+def fusegraph_setting(name: str) -> Any:
+    """A setting of the fusegraph compile dynamo is tracing for (None outside one). Call it from functions marked
+    ``assume_constant_result``, so dynamo runs it eagerly instead of tracing it."""
     opts = current_fusegraph_options()
     if opts is None:
-        return False
+        return None
     from ...settings import Settings
 
     try:
-        return Settings.from_options(opts).capture_rewrites
+        return getattr(Settings.from_options(opts), name)
     except Exception:
-        return False
+        return None
+
+
+@torch._dynamo.assume_constant_result
+def _rewrites_active() -> bool:
+    """True while dynamo traces for a fusegraph compile with capture rewrites enabled (constant at trace time)."""
+    return bool(fusegraph_setting("capture_rewrites"))
 
 
 def _dispatcher(cls: type, original: Callable) -> Callable:
@@ -81,6 +89,28 @@ def _dispatcher(cls: type, original: Callable) -> Callable:
 
     forward._fusegraph_original = original  # type: ignore[attr-defined]
     return forward
+
+
+def hf_modeling_classes(select: Callable[[types.ModuleType], list[type]], seen: dict[str, list[type]]) -> list[type]:
+    """Classes ``select`` picks from each imported transformers modeling module (asked once per module: ``seen``
+    memoizes), so a rewrite covers every model family already loaded without importing any."""
+    found: list[type] = []
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("transformers.models.") or ".modeling_" not in name or mod is None:
+            continue
+        if name not in seen:
+            seen[name] = select(mod)
+        found.extend(seen[name])
+    return found
+
+
+def original_forward(cls: type) -> Callable:
+    """The forward ``cls`` had before fusegraph wrapped it (the first patched class on its MRO), for rewrites
+    that call the module's own code with different arguments."""
+    for klass in cls.__mro__:
+        if klass in _PATCHED:
+            return _PATCHED[klass]
+    return cls.forward
 
 
 def install_rewrites() -> list[type]:

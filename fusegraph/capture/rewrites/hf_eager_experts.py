@@ -13,13 +13,12 @@ clamped SwiGLU, for instance) is never rewritten.
 from __future__ import annotations
 
 import logging
-import sys
 from functools import lru_cache
 from typing import Iterable
 
 import torch
 
-from .base import CaptureRewrite, register_capture_rewrite
+from .base import CaptureRewrite, hf_modeling_classes, register_capture_rewrite
 
 log = logging.getLogger(__name__)
 
@@ -52,24 +51,18 @@ def _reference_fingerprint() -> tuple | None:
 _seen: dict[str, list[type]] = {}
 
 
+def _experts_classes(mod) -> list[type]:
+    ref = _reference_fingerprint()
+    return [obj for obj in list(vars(mod).values())
+            if isinstance(obj, type) and obj.__module__ == mod.__name__ and hasattr(obj, "_apply_gate")
+            and _fingerprint(_original_forward(obj)) == ref]
+
+
 def find_classes() -> Iterable[type]:
     """Experts classes in already-imported transformers modeling modules whose eager loop is the reference one."""
-    ref = _reference_fingerprint()
-    if ref is None:
+    if _reference_fingerprint() is None:
         return []
-    found: list[type] = []
-    for name, mod in list(sys.modules.items()):
-        if not name.startswith("transformers.models.") or ".modeling_" not in name or mod is None:
-            continue
-        if name not in _seen:
-            classes = []
-            for obj in list(vars(mod).values()):
-                if isinstance(obj, type) and obj.__module__ == name and hasattr(obj, "_apply_gate"):
-                    if _fingerprint(_original_forward(obj)) == ref:
-                        classes.append(obj)
-            _seen[name] = classes
-        found.extend(_seen[name])
-    return found
+    return hf_modeling_classes(_experts_classes, _seen)
 
 
 def applies(module: torch.nn.Module) -> bool:

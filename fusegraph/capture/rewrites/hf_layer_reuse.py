@@ -1,0 +1,267 @@
+"""Trace one HF decoder layer and reuse the trace for every identical layer.
+
+Dynamo traces a 48-layer model by interpreting the same decoder-layer bytecode 48 times (~12 s of the
+Qwen3-30B-A3B capture here). ``torch.compiler.nested_compile_region`` lets dynamo trace a function once and stamp
+out the trace for later calls, but only when every argument is a tensor, a constant or a module: the HF cache
+object each layer receives is none of these, so every call is traced again. This rewrite calls each decoder layer
+through a region whose arguments are the layer module, its inputs and *that layer's cache tensors*; inside, a
+stand-in cache runs transformers' own ``StaticLayer.update`` on those tensors, so the ops are the ones the real
+cache would issue. fusegraph inlines the regions again before lowering to ATen (``capture.inline_regions``),
+so the program is the same flat graph as without the rewrite.
+
+It applies only where that is provably the same computation, and otherwise calls the layer unchanged:
+the cache is a transformers ``Cache`` without offloading whose layer for this index is an initialized
+``StaticLayer`` (static addresses: the update writes in place and rebinds nothing), the cache is passed by
+keyword, and no code in the layer's modeling module (outside the ``PreTrainedModel`` classes, which run
+outside the layers) touches the cache through anything but ``update``.
+"""
+from __future__ import annotations
+
+import dis
+import logging
+import types
+from functools import lru_cache
+from typing import Any, Iterable
+
+import torch
+
+from .base import CaptureRewrite, fusegraph_setting, hf_modeling_classes, original_forward, register_capture_rewrite
+
+log = logging.getLogger(__name__)
+
+#: keyword names HF decoder layers receive the cache under (transformers 5 uses ``cache``)
+_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
+#: the StaticLayer fields the stand-in provides; StaticLayer.update must read nothing else of its own
+_VIEW_FIELDS = ("keys", "values", "cumulative_length", "device", "is_initialized", "max_cache_len",
+                "max_batch_size", "batch_size", "num_heads", "k_head_dim", "v_head_dim")
+#: Cache attributes other than ``update``; a layer's code that names one may use the cache in other ways
+_OTHER_CACHE_API = ("get_seq_length", "get_mask_sizes", "get_max_cache_shape", "layers", "crop", "reset",
+                    "is_compileable", "is_sliding", "offloading", "prefetch", "offload", "reorder_cache",
+                    "batch_repeat_interleave", "batch_select_indices", "to_legacy_cache", "key_cache",
+                    "value_cache", "seen_tokens", "cumulative_length", "layer_class_to_replicate", "early_initialization")
+
+
+#: (StaticLayer, Cache.update) once checked usable, resolved eagerly by find_classes: traced code reads only these
+_TARGETS: tuple[Any, Any] | None = None
+
+
+@lru_cache(maxsize=1)
+def _static_layer() -> type | None:
+    """transformers' StaticLayer if its update reads only fields the stand-in provides (checked once, eagerly)."""
+    global _TARGETS
+    try:
+        from transformers.cache_utils import Cache, StaticLayer
+    except Exception as e:  # transformers missing or reorganized: the rewrite finds nothing
+        log.debug("StaticLayer unavailable: %s", e)
+        return None
+    fields = set()  # instance fields: the attributes StaticLayer's own methods assign
+    for fn in vars(StaticLayer).values():
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            fields |= {ins.argval for ins in dis.get_instructions(code) if ins.opname == "STORE_ATTR"}
+    read = set(StaticLayer.update.__code__.co_names) & fields
+    missing = read - set(_VIEW_FIELDS)
+    if missing:
+        log.info("layer reuse off: StaticLayer.update reads %s, which the stand-in cache does not provide",
+                 ", ".join(sorted(missing)))
+        return None
+    _TARGETS = (StaticLayer, Cache.update)
+    return StaticLayer
+
+
+def _function_names(module: types.ModuleType) -> set[str]:
+    """Every name referenced by the functions of a modeling module that can run inside a decoder layer."""
+    from transformers import PreTrainedModel
+
+    names: set[str] = set()
+
+    def scan(code: types.CodeType) -> None:
+        names.update(code.co_names)
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                scan(c)
+
+    for obj in vars(module).values():
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if isinstance(obj, types.FunctionType):
+            scan(obj.__code__)
+        elif isinstance(obj, type) and not issubclass(obj, PreTrainedModel):
+            for attr in vars(obj).values():
+                fn = getattr(attr, "__func__", attr)
+                fn = getattr(fn, "__wrapped__", fn)
+                if isinstance(fn, types.FunctionType):
+                    scan(fn.__code__)
+    return names
+
+
+_seen: dict[str, list[type]] = {}
+
+
+def _layer_classes(mod: types.ModuleType) -> list[type]:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    classes = [obj for obj in list(vars(mod).values())
+               if isinstance(obj, type) and obj.__module__ == mod.__name__
+               and issubclass(obj, GradientCheckpointingLayer) and "forward" in obj.__dict__]
+    other = _function_names(mod) & set(_OTHER_CACHE_API) if classes else set()
+    if other:
+        log.debug("layer reuse off for %s: its layer code names %s", mod.__name__, ", ".join(sorted(other)))
+        return []
+    return classes
+
+
+def find_classes() -> Iterable[type]:
+    """Decoder-layer classes (HF ``GradientCheckpointingLayer`` subclasses) of imported modeling modules whose
+    layer code uses the cache only through ``update``."""
+    if _static_layer() is None:
+        return []
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer  # noqa: F401
+    except Exception as e:
+        log.debug("GradientCheckpointingLayer unavailable: %s", e)
+        return []
+    return hf_modeling_classes(_layer_classes, _seen)
+
+
+def _region_variable_class() -> type | None:
+    try:
+        from torch._dynamo.variables.invoke_subgraph import InvokeSubgraphHigherOrderVariable
+    except Exception:
+        return None
+    return InvokeSubgraphHigherOrderVariable if hasattr(InvokeSubgraphHigherOrderVariable,
+                                                         "_ALLOW_FALLBACK_TO_EAGER") else None
+
+
+def allow_region_fallback(allow: bool) -> bool:
+    """Let a graph break inside a reused region fall back to an ordinary break (dynamo's default for this HOP is a
+    hard error, which would surface in the user's forward). Set only while dynamo traces for fusegraph; the
+    backend resets it. False: this torch has no such switch, so layer reuse must stay off."""
+    cls = _region_variable_class()
+    if cls is None:
+        return False
+    cls._ALLOW_FALLBACK_TO_EAGER = allow
+    return True
+
+
+@torch._dynamo.assume_constant_result
+def _enabled() -> bool:
+    """The ``reuse_layer_traces`` setting of the fusegraph compile in progress (constant at trace time); run
+    eagerly, so the fallback switch is set before dynamo speculates the first region."""
+    return bool(fusegraph_setting("reuse_layer_traces")) and allow_region_fallback(True)
+
+
+def applies(module: torch.nn.Module) -> bool:
+    return _enabled() and isinstance(_layer_idx(module), int)
+
+
+def _layer_idx(module: torch.nn.Module) -> Any:
+    idx = getattr(module, "layer_idx", None)
+    if idx is None:
+        idx = getattr(getattr(module, "self_attn", None), "layer_idx", None)
+    return idx
+
+
+class _StaticLayerView:
+    """Stands in for one StaticLayer inside the region: the same fields, the region's tensors."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, cumulative_length: torch.Tensor) -> None:
+        self.keys = keys
+        self.values = values
+        self.cumulative_length = cumulative_length
+        self.device = keys.device
+        self.is_initialized = True
+        self.max_batch_size = self.batch_size = keys.shape[0]
+        self.num_heads = keys.shape[1]
+        self.max_cache_len = keys.shape[2]
+        self.k_head_dim = keys.shape[-1]
+        self.v_head_dim = values.shape[-1]
+
+
+class _OneLayerCache:
+    """Stands in for the cache object: ``update`` is ``Cache.update`` for a cache without offloading."""
+
+    def __init__(self, layer: _StaticLayerView) -> None:
+        self.layer = layer
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return _TARGETS[0].update(self.layer, key_states, value_states, *args, **kwargs)
+
+
+_LEAF_TYPES = (torch.Tensor, bool, int, float, str, type(None))
+
+
+def _flatten(args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    """The layer's arguments as flat leaves plus a string spec (dynamo reuses a region cheaply only when every
+    argument is a tensor or a constant: no containers, no kwargs). None: a structure this does not handle."""
+    spec, leaves = [], []
+    for name, value in [("", a) for a in args] + list(kwargs.items()):
+        if isinstance(value, tuple) and all(isinstance(v, _LEAF_TYPES) for v in value):
+            spec.append(f"t{len(value)}:{name}")
+            leaves.extend(value)
+        elif isinstance(value, _LEAF_TYPES):
+            spec.append(f"v:{name}")
+            leaves.append(value)
+        else:
+            return None
+    return "|".join(spec), leaves
+
+
+def _unflatten(spec: str, leaves: tuple) -> tuple[list, dict]:
+    args, kwargs, at = [], {}, 0
+    for part in spec.split("|") if spec else []:
+        kind, _, name = part.partition(":")
+        if kind == "v":
+            value = leaves[at]
+            at += 1
+        else:
+            n = int(kind[1:])
+            value = tuple(leaves[at:at + n])
+            at += n
+        if name:
+            kwargs[name] = value
+        else:
+            args.append(value)
+    return args, kwargs
+
+
+@torch.compiler.nested_compile_region
+def _layer_region(layer: torch.nn.Module, cache_kw: str, spec: str, keys: torch.Tensor, values: torch.Tensor,
+                  cumulative_length: torch.Tensor, *leaves: Any) -> Any:
+    args, kwargs = _unflatten(spec, leaves)
+    kwargs[cache_kw] = _OneLayerCache(_StaticLayerView(keys, values, cumulative_length))
+    return original_forward(type(layer))(layer, *args, **kwargs)
+
+
+def forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The layer's own forward, through the reusable region when the cache allows it."""
+    original = original_forward(type(module))
+    cache_kw = next((k for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)
+    if cache_kw is None:
+        return original(module, *args, **kwargs)
+    cache = kwargs[cache_kw]
+    idx = _layer_idx(module)
+    layers = getattr(cache, "layers", None)
+    if (_TARGETS is None or getattr(cache, "offloading", True) or not isinstance(layers, list)
+            or idx >= len(layers) or type(layers[idx]).update is not _TARGETS[0].update
+            or not layers[idx].is_initialized or type(cache).update is not _TARGETS[1]):
+        return original(module, *args, **kwargs)
+    flat = _flatten(args, {k: v for k, v in kwargs.items() if k != cache_kw})
+    if flat is None:
+        return original(module, *args, **kwargs)
+    spec, leaves = flat
+    layer = layers[idx]
+    return _layer_region(module, cache_kw, spec, layer.keys, layer.values, layer.cumulative_length, *leaves)
+
+
+register_capture_rewrite(
+    CaptureRewrite(
+        name="fusegraph.hf_layer_reuse",
+        description="HF decoder layers with a static cache -> one dynamo trace reused for every identical layer "
+        "(nested compile region over the layer's own cache tensors; inlined again before lowering).",
+        find_classes=find_classes,
+        applies=applies,
+        forward=forward,
+    )
+)

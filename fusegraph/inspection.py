@@ -52,8 +52,9 @@ def summarize(session: CaptureSession) -> dict[str, Any]:
         "state_writes": {s: prog.graph.nodes[n]["op"] for g in prog.graphs for s, n in g.state_writes.items()},
         "layers": len(prog.layers()),
         "compile_seconds": round(session.compile_seconds, 3),
-        "layer_calls_reusing_traces": {"calls": sum(c for c, _ in session.layer_traces.values()),
-                                       "traced": sum(t for _, t in session.layer_traces.values())},
+        "layer_calls_reusing_traces": {"calls": sum(c for c, _ in session.current_layer_traces().values()),
+                                       "traced": sum(t for _, t in session.current_layer_traces().values())},
+        "recompiles": len(session.superseded),
         "settings": session.settings.to_dict(),
     }
 
@@ -68,6 +69,8 @@ def format_summary(s: Mapping[str, Any]) -> str:
     lines = [f"captured {len(s['graphs'])} graph(s), {s['op_count']} ATen ops, {s['layers']} decoder layers, "
              f"compile {s['compile_seconds']:.2f} s"
              + _reuse_note(s.get("layer_calls_reusing_traces"))]
+    if s.get("recompiles"):
+        lines.append(f"dynamo recompiled the step {s['recompiles']} time(s) (a guard failed); this is its latest version")
     for g in s["graphs"]:
         lines.append(f"  graph {g['index']}: {g['dynamo_nodes']} dynamo nodes -> {g['aten_nodes']} ATen ops, "
                      f"{g['inputs']} inputs, {g['outputs']} outputs, executor={g['executor']}")

@@ -14,7 +14,7 @@ import torch.fx as fx
 
 from .capture.inline_regions import inline_regions, region_bodies
 from .capture.lower import to_aten
-from .capture.checks import CaptureRefused, check_capturable, dynamo_input_sources
+from .capture.checks import CaptureRefused, check_capturable, check_static_shapes, dynamo_input_sources
 from .capture.rewrites import install_rewrites
 from .capture.rewrites.hf_layer_reuse import allow_region_fallback
 from .capture.session import CaptureSession, session_for
@@ -52,6 +52,7 @@ def _dynamo_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[Dy
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: Settings) -> Callable:
     """Compile one dynamo graph for fusegraph; returns the callable dynamo will run for it."""
     session = session_for(settings)
+    frame = session.begin_graph()
     index = session.reserve_index()
     t0 = time.perf_counter()
     allow_region_fallback(False)  # dynamo's own default again once tracing for fusegraph is over
@@ -68,7 +69,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
         dynamo_nodes = sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output"))
 
         aten_gm = to_aten(gm, example_inputs)
-        add_graph(session.program, aten_gm, index, dyn_inputs, dynamo_nodes)
+        check_static_shapes(aten_gm)
+        add_graph(session.program, aten_gm, index, dyn_inputs, dynamo_nodes).frame = frame
         session.paths.refresh(session.program)
         session.add_links(index, producers)
         session.add_break(index, reason)

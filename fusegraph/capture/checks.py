@@ -42,14 +42,14 @@ def check_capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
     """Raise :class:`CaptureRefused` with the reason if fusegraph must leave this graph to eager PyTorch."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n in placeholders:
-        if _is_symbolic(n.meta.get("example_value")):
+        val = n.meta.get("example_value")
+        if isinstance(val, torch.Tensor) and _is_symbolic(val):
             raise CaptureRefused(
                 f"dynamic shapes are not supported (input {_source_name(n)} has a symbolic size); "
                 "compile with dynamic=False"
             )
-    for v in example_inputs:
-        if isinstance(v, (torch.SymInt, torch.SymFloat)):
-            raise CaptureRefused("dynamic shapes are not supported (a graph input is a symbolic scalar); compile with dynamic=False")
+        if isinstance(val, (torch.SymFloat, torch.SymBool)):
+            raise CaptureRefused(f"symbolic float/bool inputs are not supported (input {_source_name(n)})")
     tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)]
     if not tensors:
         raise CaptureRefused("the graph has no tensor inputs, so there is nothing to fuse")
@@ -71,6 +71,22 @@ def check_capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
                 )
     if not any(n.op == "call_function" or n.op == "call_method" or n.op == "call_module" for n in gm.graph.nodes):
         raise CaptureRefused("the graph computes nothing")
+
+
+def check_static_shapes(aten_gm: fx.GraphModule) -> None:
+    """Symbolic *scalar* inputs are fine (a Python int dynamo made dynamic, such as a cache's step counter, that
+    only enters arithmetic: it is a runtime value like a position); a tensor whose shape depends on one is not
+    (kernels are generated for static shapes)."""
+    for n in aten_gm.graph.nodes:
+        val = n.meta.get("val")
+        for v in val if isinstance(val, (list, tuple)) else [val]:
+            if isinstance(v, torch.Tensor) and _is_symbolic(v):
+                where = n.meta.get("nn_module_stack")
+                mod = list(where.values())[-1][0] if where else "the step"
+                raise CaptureRefused(
+                    f"dynamic shapes are not supported ({n.name} in {mod} has a symbolic size "
+                    f"{tuple(v.shape)}); compile with dynamic=False"
+                )
 
 
 def dynamo_input_sources(gm: fx.GraphModule) -> list[str]:

@@ -50,3 +50,20 @@ def current_fusegraph_options() -> dict | None:
     if fn is None or not getattr(fn, "_fusegraph_backend", False):
         return None
     return dict(kwargs.get("options") or {})
+
+
+def current_frame_compile() -> tuple[int, int] | None:
+    """(frame id, how many times dynamo compiled that frame before) of the compile in progress.
+
+    A frame compiled a second time is a *recompile* (a guard failed: a new batch size, a Python int that
+    changed...): its graph replaces the earlier version of the same piece of the step, it does not extend it.
+    """
+    import torch
+
+    try:
+        cid = torch._guards.CompileContext.current_compile_id()
+    except Exception:  # a torch without this API, or not compiling
+        return None
+    if cid is None or getattr(cid, "frame_id", None) is None or getattr(cid, "frame_compile_id", None) is None:
+        return None
+    return int(cid.frame_id), int(cid.frame_compile_id)

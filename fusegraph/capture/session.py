@@ -21,7 +21,7 @@ import torch
 
 from ..program import GraphBreak, InputKind, Link, Program, Ref
 from ..settings import Settings
-from .compile_context import current_compiler_fn
+from .compile_context import current_compiler_fn, current_frame_compile
 from .paths import ModelPaths
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,15 @@ log = logging.getLogger(__name__)
 class Refusal:
     graph_index: int
     reason: str
+
+
+@dataclass
+class StepVersion:
+    """An earlier version of the step, replaced when dynamo recompiled one of its frames. Its graphs' runners
+    still use this program (dynamo keeps the old compiled code for inputs that pass its old guards)."""
+
+    program: Program
+    refusals: list[Refusal]
 
 
 @dataclass
@@ -44,6 +53,9 @@ class CaptureSession:
     layer_traces: dict[int, tuple[int, int]] = field(default_factory=dict)
     executors: dict[int, str] = field(default_factory=dict)
     paths: ModelPaths = field(default_factory=ModelPaths)
+    #: earlier versions of the step (see :meth:`begin_graph`); ``program`` is the latest
+    superseded: list[StepVersion] = field(default_factory=list)
+    _frames: set[int] = field(default_factory=set)  # dynamo frame ids with a graph in the current version
     _next: Iterator[int] = field(default_factory=itertools.count)
     _last_outputs: dict[int, list] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -51,6 +63,24 @@ class CaptureSession:
     def reserve_index(self) -> int:
         with self._lock:
             return next(self._next)
+
+    def begin_graph(self) -> tuple[int, int] | None:
+        """Note the dynamo frame of the graph being compiled; a recompile of a frame that already has a graph in
+        the current version starts a new version of the step (the new graph replaces the old one: linking
+        them, or reporting both as parts of one step, would be wrong)."""
+        frame = current_frame_compile()
+        if frame is None:
+            return None
+        if frame[1] > 0 and frame[0] in self._frames:
+            log.debug("frame %d compiled again (compile %d): new version of the step", *frame)
+            self.superseded.append(StepVersion(self.program, self.refusals))
+            self.program, self.refusals, self._frames = Program(), [], set()
+        self._frames.add(frame[0])
+        return frame
+
+    def current_layer_traces(self) -> dict[int, tuple[int, int]]:
+        indices = {g.index for g in self.program.graphs}
+        return {i: v for i, v in self.layer_traces.items() if i in indices}
 
     # ---- tensor-flow linking -----------------------------------------------------------------------------
     def record_outputs(self, graph_index: int, outputs: Any) -> None:
@@ -80,9 +110,7 @@ class CaptureSession:
 
     def add_links(self, graph_index: int, producers: dict[int, tuple[int, int, bool]]) -> None:
         prog = self.program
-        dst = prog.graphs[graph_index] if graph_index < len(prog.graphs) and prog.graphs[graph_index].index == graph_index else None
-        if dst is None:
-            dst = next((g for g in prog.graphs if g.index == graph_index), None)
+        dst = next((g for g in prog.graphs if g.index == graph_index), None)
         if dst is None:
             return
         for pos, (g, k, glue_free) in producers.items():

@@ -56,7 +56,7 @@ class EagerExecutor:
     name = "eager"
 
     def compile(self, program: Program, graph_index: int, settings: Settings) -> Runner:
-        captured = program.graphs[graph_index]
+        captured = program.captured(graph_index)
         plan = build_plan(program, program.topo_order(graph_index))
         input_ids = [i.node for i in captured.inputs]
         outputs = [_resolver(o) for o in captured.outputs]

@@ -83,7 +83,7 @@ class _Run:
         self.active = set(active)
         self.analysis = analysis
         self.program_graph = graph_index
-        captured = program.graphs[graph_index]
+        captured = program.captured(graph_index)
         self.input_ids = [i.node for i in captured.inputs]
         self.outputs = [_resolver(o) for o in captured.outputs]
         self.eager_all = build_plan(program, program.topo_order(graph_index))
@@ -151,7 +151,7 @@ class _Run:
                         return [], (owner[a], a)
                 steps.extend(build_plan(program, [n]))
                 available.add(n)
-        for o in program.graphs[self.program_graph].outputs:
+        for o in program.captured(self.program_graph).outputs:
             node = getattr(o, "node", None)
             if node is not None and node not in available and node in owner:
                 return [], (owner[node], node)

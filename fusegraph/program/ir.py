@@ -137,6 +137,8 @@ class CapturedGraph:
     aten_node_count: int
     break_reason: str | None = None
     gm: Any = None  # the ATen torch.fx.GraphModule (not serialized)
+    #: (dynamo frame id, compile count of that frame) when known: a recompile has the frame of an earlier graph
+    frame: tuple[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,6 +164,14 @@ class Program:
     execution: dict[int, Any] = field(default_factory=dict)
 
     # ---- queries ------------------------------------------------------------------------------------------
+    def captured(self, graph_index: int) -> CapturedGraph:
+        """The captured graph with this index (indices count every graph of the session, also refused ones and
+        those of earlier versions of the step, so they are not list positions)."""
+        for g in self.graphs:
+            if g.index == graph_index:
+                return g
+        raise KeyError(f"graph {graph_index} is not in this program")
+
     def op_nodes(self, graph_index: int | None = None) -> Iterator[str]:
         for n, d in self.graph.nodes(data=True):
             if d["kind"] == "op" and (graph_index is None or d["graph"] == graph_index):

@@ -139,7 +139,7 @@ def bisect_graph(program: Any, graph_index: int = 0, **kw: Any) -> list[Divergen
         kargs_env.update(zip(run.input_ids, [a.clone() if isinstance(a, torch.Tensor) else a for a in run.last_args]))
         kernel_args = run._kernel_args(plan, kargs_env)
         ref_env = {name: (marshal_input(src, plan.generated.specs[name].dtype, kargs_env[src.node])
-                          if src.kind == "input" else kargs_env[src.node])
+                          if src.kind == "input" else src.value(kargs_env[src.node]))
                    for name, src in plan.lowered.args.items()}
         d = first_divergence(plan.lowered.program, kernel_args, lambda n: env[n],
                              lambda nodes: sorted({G.nodes[n].get("op", "?") for n in nodes}),

@@ -37,6 +37,11 @@ class ArgSource:
     dtype: torch.dtype
     kind: str
     convert: str = ""  # "bool_mask": True = attend -> additive 0 / most-negative (SDPA's boolean masks)
+    rows: tuple[int, int] | None = None  # a row range of the node's tensor (one part of a fused QKV weight)
+
+    def value(self, t: Any) -> Any:
+        """The argument's logical value, given the program node's value."""
+        return t[self.rows[0]:self.rows[1]] if self.rows is not None else t
 
 
 @dataclass
@@ -136,6 +141,22 @@ class _Lowerer:
             raise CodegenError(f"{nid} is a {d['input_kind']} input where a weight or state tensor is expected")
         label = (d.get("module") or d.get("source") or nid).replace("model.layers.", "l").replace("model.", "")
         return self._arg(nid, kind, tuple(int(s) for s in d["shape"]), _dtype(d["dtype"]), label)
+
+    def hbm_rows(self, nid: str, start: int, stop: int) -> ir.Value:
+        """Rows ``[start, stop)`` of a weight (or bias) as their own kernel argument: the part of a fused QKV or
+        gate_up projection that one consumer reads."""
+        key = f"{nid}[{start}:{stop}]"
+        if key in self.values:
+            return self.values[key]
+        full = self.hbm(nid)
+        if full.kind != V.WEIGHT:
+            raise CodegenError(f"{nid} is not a weight; cannot take rows of it")
+        v = ir.Value(self._unique(f"{full.name}_r{start}"), V.WEIGHT, (stop - start, *full.shape[1:]), full.dtype,
+                     node=nid)
+        self.values[key] = v
+        self.order.append(v)
+        self.args[v.name] = ArgSource(nid, v.shape, v.dtype, V.WEIGHT, rows=(start, stop))
+        return v
 
     def act(self, nid: str, views: tuple[str, ...] = ()) -> ir.Value:
         """The activation a match reads: produced in the kernel, or loaded from a value computed outside."""
@@ -287,12 +308,65 @@ def _sigmoid_gate(L: _Lowerer, m: Any) -> None:
 @rule("linear")
 def _linear(L: _Lowerer, m: Any) -> None:
     x = L.act(_in(m, "x"), _views(m, "x"))
+    pieces = _feature_pieces(L, _out(m))
+    if pieces:  # fused QKV / gate_up read only through feature slices: one projection per slice
+        w_node, b_node = _in(m, "weight"), m.inputs.get("bias")
+        for node, start, stop in pieces:
+            w = L.hbm_rows(w_node, start, stop)
+            b = L.hbm_rows(b_node, start, stop) if b_node else None
+            out = L.new_act(node, _label(m, f"f{start}"))
+            L.emit(ir.Linear(x=x, weight=w, out=out, bias=b), m)
+        return
     w = L.hbm(_in(m, "weight"))
     b = L.hbm(m.inputs["bias"]) if m.inputs.get("bias") else None
     out = L.new_act(_out(m), _label(m))
     if w.shape != (out.features, x.features):
         raise CodegenError(f"linear weight {w.shape} does not map {x.features} -> {out.features} features")
     L.emit(ir.Linear(x=x, weight=w, out=out, bias=b), m)
+
+
+def _feature_pieces(L: _Lowerer, out: str) -> list[tuple[str, int, int]] | None:
+    """``[(node, start, stop)]`` when every reader of a projection's output takes a range of its features (HF
+    fused projections: Phi-3's ``qkv[..., :q_size]``, ``gate_up.chunk(2, dim=-1)``); else None.
+
+    Each range then becomes its own projection over those weight rows: the same bytes are read once, and no
+    on-chip value has to be cut at a feature offset that is not a multiple of the partition count.
+    """
+    d = L.node(out)
+    shape = d.get("shape")
+    if not isinstance(shape, tuple) or len(shape) < 2 or L.features(out) != shape[-1]:
+        return None
+    F, last = shape[-1], len(shape) - 1
+    pieces: list[tuple[str, int, int]] = []
+    for s in L.G.successors(out):
+        e = L.G.edges[out, s]
+        if e.get("hazard"):
+            continue
+        c = L.node(s)
+        op, args = c.get("op"), c.get("args", ())
+        if op == "aten.slice.Tensor":
+            dim = args[1] if len(args) > 1 else 0
+            start = args[2] if len(args) > 2 and args[2] is not None else 0
+            stop = args[3] if len(args) > 3 and args[3] is not None else F
+            step = args[4] if len(args) > 4 else 1
+            if dim % len(shape) != last or step != 1 or not isinstance(start, int) or not isinstance(stop, int):
+                return None
+            pieces.append((s, max(0, start), min(stop, F)))
+        elif op in ("aten.split.Tensor", "aten.split_with_sizes.default"):
+            dim = args[2] if len(args) > 2 else 0
+            if dim % len(shape) != last:
+                return None
+            sizes = list(args[1]) if op.endswith("sizes.default") else [args[1]] * -(-F // args[1])
+            bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+            for g in L.G.successors(s):
+                gd = L.node(g)
+                if gd.get("op") != "getitem":
+                    return None
+                i = gd["args"][1]
+                pieces.append((g, bounds[i], min(bounds[i + 1], F)))
+        else:
+            return None
+    return pieces if pieces and all(stop > start for _, start, stop in pieces) else None
 
 
 @rule("rope")

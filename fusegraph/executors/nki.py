@@ -201,12 +201,13 @@ class _Run:
         out = {}
         for name, src in plan.lowered.args.items():
             spec = gen.specs[name]
-            t = env[src.node]
+            whole = env[src.node]
+            t = src.value(whole)
             if state_override and name in state_override:
                 out[name] = state_override[name]
                 continue
             if spec.transform is not None:
-                key = (id(t), t._version)
+                key = (id(whole), whole._version)  # the model's tensor (t may be a fresh view of some of its rows)
                 cached = plan.prepared.get(name)
                 if cached is None or cached[:2] != key:
                     with torch.no_grad():

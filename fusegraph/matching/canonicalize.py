@@ -147,6 +147,28 @@ def _is_identity(op: str, d: dict, src: dict | None) -> bool:
     return False
 
 
+def _numel(shape: Any) -> int | None:
+    if _rank(shape) is None or not all(isinstance(s, int) for s in shape):
+        return None
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _sole_nonempty_operand(op: str, d: dict, refs: list, G: nx.DiGraph) -> str | None:
+    """The operand a ``cat`` is equal to when every other operand is empty: partial-rotary RoPE code (Phi-3, GLM,
+    StableLM...) concatenates the rotated part with an empty pass-through slice when the rotary dim is the whole
+    head, which is otherwise the plain RoPE."""
+    if op != "aten.cat.default" or len(refs) < 2:
+        return None
+    full = [src for _, src in refs if _numel(G.nodes[src].get("shape")) != 0]
+    if len(full) != 1 or len(refs) != len({src for _, src in refs}):
+        return None
+    s = G.nodes[full[0]]
+    return full[0] if s.get("shape") == d.get("shape") and s.get("dtype") == d.get("dtype") else None
+
+
 def is_layout_preserving(op: str, d: dict, src_shape: Any) -> bool:
     """Does this layout op keep the memory order of its input (a reshape of the same bytes)?"""
     if op in NOOP_OPS or op in RESHAPE_OPS or op == VIEW or op == "getitem":
@@ -250,6 +272,11 @@ def canonicalize(program: Program) -> CanonicalView:
         if refs and not d.get("writes_state") and _is_identity(op, d, G.nodes[refs[0][1]]):
             rep[n] = rep[refs[0][1]]
             cv.folded[n] = rep[refs[0][1]]
+            continue
+        only = _sole_nonempty_operand(op, d, refs, G)
+        if only is not None:
+            rep[n] = rep[only]
+            cv.folded[n] = rep[only]
             continue
         canon_op = VIEW if op in RESHAPE_OPS else op
         consts = {p: _freeze(v) for p, v, is_ref in items if not is_ref}

@@ -39,10 +39,20 @@ def generic_matches(program: Program, cv: CanonicalView, matches: list[Match]) -
         order = min(G.nodes[n]["order"] for n in piece.nodes)
         out.append(Match(
             pattern=GENERIC, variant="generic", nodes=frozenset(piece.nodes),
-            inputs={f"in{i}": n for i, n in enumerate(piece.inputs)},
-            outputs={f"out{i}": n for i, n in enumerate(piece.outputs)},
+            # like pattern matches, name canonical nodes (a piece may end in an alias that canonicalization folded)
+            inputs={f"in{i}": n for i, n in enumerate(_canonical(cv, piece.inputs))},
+            outputs={f"out{i}": n for i, n in enumerate(_canonical(cv, piece.outputs))},
             params={"piece": piece, "ops": dict(piece.ops)}, layer=piece.layer, module=piece.module,
             mapping={f"n{i}": c for i, c in enumerate(sorted(canon))},
             graphs=tuple(sorted({G.nodes[n]["graph"] for n in piece.nodes})), order=order,
         ))
+    return out
+
+
+def _canonical(cv: CanonicalView, nodes: Any) -> list[str]:
+    out: list[str] = []
+    for n in nodes:
+        c = cv.rep.get(n, n)
+        if c in cv.data and c not in out:
+            out.append(c)
     return out

@@ -143,6 +143,36 @@ def build_decode(name: str, *, dtype: str | torch.dtype | None = None, attn: str
                       options={"attn": attn, "experts": experts, "batch": batch, "max_cache_len": max_cache_len})
 
 
+def build_family_decode(family: str, *, attn: str = "eager", dtype: str = "float32", prompt_len: int = 8,
+                        max_cache_len: int = 32, seed: int = 0, **config: Any) -> DecodeCase:
+    """A tiny decode step of any HF decoder family (``transformers.<family>Config`` / ``<family>ForCausalLM``,
+    e.g. ``"Mistral"``, ``"Phi3"``), with :data:`TINY_DIMS` overridden by ``config``, prefilled eagerly: how
+    fusegraph is tried on decoders beyond the bundled ones."""
+    import transformers
+    from transformers import StaticCache
+
+    config_cls = getattr(transformers, family + "Config")
+    cfg = config_cls(**{**TINY_DIMS, **config})
+    if isinstance(getattr(cfg, "pad_token_id", None), int) and cfg.pad_token_id >= cfg.vocab_size:
+        # the family's default pad id (e.g. Phi-3's 32000) does not fit the tiny vocabulary
+        cfg = config_cls(**{**TINY_DIMS, "pad_token_id": 0, **config})
+    torch.manual_seed(seed)
+    model = getattr(transformers, family + "ForCausalLM")._from_config(
+        cfg, dtype=getattr(torch, dtype), attn_implementation=attn).eval()
+    cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+    prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len))
+    with torch.no_grad():
+        logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
+    token = logits[:, -1].argmax(-1, keepdim=True)
+    # install capture rewrites for classes this family just imported *before* dynamo traces (patching a class
+    # while dynamo compiles a frame that uses it trips a dynamo guard error)
+    from ..capture.rewrites import install_rewrites
+
+    install_rewrites()
+    return DecodeCase(name=family, model=model, cache=cache, token=token, position=torch.full((1, 1), prompt_len),
+                      dtype=getattr(torch, dtype), options={"attn": attn, "max_cache_len": max_cache_len})
+
+
 def _spread_router_weights(model: torch.nn.Module) -> None:
     """Redraw MoE router weights with a larger spread: tiny random routers otherwise tie, which makes top-k
     (and so every comparison of two executions) ill-conditioned."""

@@ -1,6 +1,7 @@
 """Decoder families beyond the three bundled ones, through the megakernel (not only matched): Qwen2 (q/k/v
 biases), Gemma (offset norms, gelu_tanh, scaled embedding), Qwen2-MoE (shared expert with a sigmoid gate),
-Mistral (sliding-window cache layers: their Python step counter becomes a runtime scalar after one recompile).
+Mistral (sliding-window cache layers: their Python step counter becomes a runtime scalar after one recompile),
+Phi-3 (fused QKV and gate_up projections read through feature slices: one projection per slice in the kernel).
 """
 import pytest
 import torch
@@ -21,6 +22,7 @@ FAMILIES = [
     ("Qwen2Moe", "float32", dict(moe_intermediate_size=128, shared_expert_intermediate_size=256, num_experts=8,
                                  num_experts_per_tok=2)),
     ("Mistral", "float32", {}),
+    ("Phi3", "float32", {}),  # fused qkv_proj / gate_up_proj, partial-rotary RoPE code
 ]
 
 

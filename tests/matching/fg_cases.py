@@ -8,7 +8,7 @@ import torch
 
 from fusegraph import capture_step
 from fusegraph.matching import analyze
-from fusegraph.models import TINY_DIMS, DecodeCase, build_decode
+from fusegraph.models import DecodeCase, build_decode, build_family_decode
 
 EAGER = {"executor": "eager"}  # matching is independent of the executor; eager keeps captures fast
 
@@ -49,25 +49,7 @@ def analyzed(name: str, attn: str, experts: str, dtype: str, batch: int = 1):
 
 def hf_case(family: str, attn: str = "eager", dtype: str = "float32", **config) -> DecodeCase:
     """A tiny decode step of any HF decoder family (``transformers.<family>ForCausalLM``), prefilled eagerly."""
-    import transformers
-    from transformers import StaticCache
-
-    cfg = getattr(transformers, family + "Config")(**{**TINY_DIMS, **config})
-    torch.manual_seed(0)
-    model = getattr(transformers, family + "ForCausalLM")._from_config(
-        cfg, dtype=getattr(torch, dtype), attn_implementation=attn).eval()
-    cache = StaticCache(config=model.config, max_cache_len=32)
-    prompt = torch.randint(0, cfg.vocab_size, (1, 8))
-    with torch.no_grad():
-        logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
-    token = logits[:, -1].argmax(-1, keepdim=True)
-    # install capture rewrites for classes this family just imported *before* dynamo traces (patching a class
-    # while dynamo compiles a frame that uses it trips a dynamo guard error; reported to the capture owner)
-    from fusegraph.capture.rewrites import install_rewrites
-
-    install_rewrites()
-    return DecodeCase(name=family, model=model, cache=cache, token=token, position=torch.full((1, 1), 8),
-                      dtype=getattr(torch, dtype), options={"attn": attn})
+    return build_family_decode(family, attn=attn, dtype=dtype, **config)
 
 
 @functools.lru_cache(maxsize=None)

@@ -56,3 +56,26 @@ def test_commutative_operands_and_scalar_positions():
     sig = lambda cv: sorted((cv.data.nodes[n]["op"], cv.data.nodes[n]["positions"], tuple(sorted(cv.data.nodes[n]["consts"].items())))
                             for n in cv.op_nodes)
     assert sig(a) == sig(b)
+
+
+def test_cat_with_empty_operands_folds_to_the_other_operand():
+    """Partial-rotary RoPE code with the rotary dim equal to the head dim (Phi-3) concatenates the rotated part
+    with an empty pass-through slice: that cat is the identity."""
+
+    def f(x):
+        rot, rest = x[..., :8], x[..., 8:]  # rest is empty
+        return torch.cat((torch.relu(rot), rest), dim=-1) * 2
+
+    prog = _capture(f, torch.randn(2, 8))
+    cv = canonicalize(prog)
+    ops = [cv.data.nodes[n]["orig_op"] for n in cv.op_nodes]
+    assert "aten.cat.default" not in ops, ops
+    mul = next(n for n in cv.op_nodes if cv.data.nodes[n]["orig_op"] == "aten.mul.Tensor")
+    (src,) = [p for p, _ in cv.data_pred(mul)]
+    assert cv.data.nodes[src]["orig_op"] == "aten.relu.default"
+
+    def g(x, y):  # both operands non-empty: a real cat stays
+        return torch.cat((x, y), dim=-1) * 2
+
+    cv2 = canonicalize(_capture(g, torch.randn(2, 8), torch.randn(2, 3)))
+    assert "aten.cat.default" in [cv2.data.nodes[n]["orig_op"] for n in cv2.op_nodes]

@@ -82,3 +82,15 @@ def test_sliding_window_mask_is_reported_unmatched():
     # the mask feeds the stack from outside: it is a region input
     stack = [r for r in a.regions if r.kind == "decoder_stack"][0]
     assert any(b.node.endswith("where") for b in stack.inputs)
+
+
+def test_generic_piece_ending_in_a_folded_alias():
+    """Cohere's decoder (LayerNorm without bias, interleaved RoPE, parallel attention + MLP) leaves generic pieces
+    whose last op is an alias that canonicalization folds: matches must name canonical nodes (this used to be a
+    KeyError inside region formation, which made the whole compile fall back)."""
+    case, cap, a = analyzed_family("Cohere")
+    generic = a.matches_of("fusegraph.generic")
+    assert generic
+    for m in generic:
+        assert all(n in a.view.data for n in m.outputs.values())
+    assert a.regions

@@ -120,6 +120,7 @@ class Rope(Instruction):
     sin: Value  # INPUT [T, D]
     out: Value
     head_dim: int
+    rotary_dim: int = 0  # partial rotary: only features [0, rotary_dim) of each head rotate (0: all of them)
 
 
 @dataclass

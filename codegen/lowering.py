@@ -38,6 +38,7 @@ class ArgSource:
     kind: str
     convert: str = ""  # "bool_mask": True = attend -> additive 0 / most-negative (SDPA's boolean masks)
     rows: tuple[int, int] | None = None  # a row range of the node's tensor (one part of a fused QKV weight)
+    pad: tuple[int, float] | None = None  # (size, value): pad the last dim to ``size`` (partial-rotary cos/sin)
 
     def value(self, t: Any) -> Any:
         """The argument's logical value, given the program node's value."""
@@ -374,10 +375,17 @@ def _rope(L: _Lowerer, m: Any) -> None:
     x_node = _in(m, "x")
     x = L.act(x_node, _views(m, "x"))
     D = int(L.node(x_node)["shape"][-1])
+    R = int(L.node(_in(m, "cos"))["shape"][-1])
+    if R > D or R % 2:
+        raise CodegenError(f"rotary dim {R} does not fit the head size {D}")
+    # partial rotary: the kernel rotates whole heads with cos padded by 1 and sin by 0 past R (exact: x*1 + 0)
     cos = L.step_input(_in(m, "cos"), (L.T, D), label="rope_cos")
     sin = L.step_input(_in(m, "sin"), (L.T, D), label="rope_sin")
+    if R < D:
+        L.args[cos.name].pad = (D, 1.0)
+        L.args[sin.name].pad = (D, 0.0)
     out = L.new_act(_out(m), _label(m, "rope"))
-    L.emit(ir.Rope(x=x, cos=cos, sin=sin, out=out, head_dim=D), m)
+    L.emit(ir.Rope(x=x, cos=cos, sin=sin, out=out, head_dim=D, rotary_dim=R if R < D else 0), m)
 
 
 @rule("kv_cache_update")

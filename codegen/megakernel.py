@@ -58,8 +58,8 @@ def _consts_needed(program: ir.KernelProgram) -> dict[str, torch.Tensor]:
                                                             and any(o.op == "sum" for o in ins.ops)):
             consts["c_ones"] = W.ones(PMAX)
         elif isinstance(ins, ir.Rope):
-            key = f"c_rot_{ins.head_dim}_{str(ins.x.dtype).split('.')[-1]}"
-            consts[key] = W.rotate_half_matrix(ins.head_dim, ins.x.dtype)
+            key = f"c_rot_{ins.head_dim}_{ins.rotary_dim or ins.head_dim}_{str(ins.x.dtype).split('.')[-1]}"
+            consts[key] = W.rotate_half_matrix(ins.head_dim, ins.x.dtype, ins.rotary_dim)
         elif isinstance(ins, ir.Experts):
             consts[f"c_sel_{str(ins.weights.dtype).split('.')[-1]}"] = W.token_selectors(T, PMAX, ins.weights.dtype)
     return consts
@@ -87,8 +87,8 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
         if key == "c_ones":
             const_vars["ones"] = var
         elif key.startswith("c_rot_"):
-            _, _, d, dt = key.split("_")
-            const_vars[f"rotation:{d}:{getattr(torch, dt)}"] = var
+            _, _, d, r, dt = key.split("_")
+            const_vars[f"rotation:{d}:{r}:{getattr(torch, dt)}"] = var
         elif key.startswith("c_sel_"):
             const_vars["selectors"] = var
     inputs: dict[str, str] = {}

@@ -101,7 +101,9 @@ def _rope(ins: ir.Rope, env: dict) -> None:
     xh = x.reshape(T, -1, ins.head_dim)
     cos = env[ins.cos.name].reshape(T, 1, ins.head_dim)
     sin = env[ins.sin.name].reshape(T, 1, ins.head_dim)
-    env[ins.out.name] = ((xh * cos) + (rotate_half(xh) * sin)).reshape(ins.out.shape)
+    r = ins.rotary_dim or ins.head_dim
+    rot = torch.cat((rotate_half(xh[..., :r]), torch.zeros_like(xh[..., r:])), dim=-1)  # cos/sin padded past r
+    env[ins.out.name] = ((xh * cos) + (rot * sin)).reshape(ins.out.shape)
 
 
 @_op(ir.KVWrite)

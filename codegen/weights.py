@@ -46,9 +46,10 @@ def router(weight: torch.Tensor, in_layout: Layout) -> torch.Tensor:
     return weight[:, in_layout.feature_index()].permute(1, 2, 0).contiguous()
 
 
-def rotate_half_matrix(head_dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """R with ``rotate_half(x) = R.T @ x`` over the head dimension (entries 0/±1: exact in any dtype)."""
-    h = head_dim // 2
+def rotate_half_matrix(head_dim: int, dtype: torch.dtype, rotary_dim: int = 0) -> torch.Tensor:
+    """R with ``rotate_half(x) = R.T @ x`` over the head dimension (entries 0/±1: exact in any dtype). With a
+    partial ``rotary_dim`` only the first ``rotary_dim`` features rotate; R is zero past them."""
+    h = (rotary_dim or head_dim) // 2
     r = torch.zeros(head_dim, head_dim, dtype=dtype)
     m = torch.arange(h)
     r[m + h, m] = -1.0

@@ -279,6 +279,9 @@ def marshal_input(src: Any, dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor
     """A per-step input as the kernel reads it: flattened to the kernel shape, indices as int32, boolean
     masks (True = attend) as additive fp32 masks."""
     v = t.detach()
+    if getattr(src, "pad", None) is not None and v.shape[-1] < src.pad[0]:
+        size, value = src.pad
+        v = torch.cat((v, v.new_full((*v.shape[:-1], size - v.shape[-1]), value)), dim=-1)
     if src.convert.startswith("round_to:"):
         v = v.to(getattr(torch, src.convert.split(":", 1)[1]))
     if src.convert == "bool_mask":

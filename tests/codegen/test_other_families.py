@@ -23,10 +23,13 @@ FAMILIES = [
                                  num_experts_per_tok=2)),
     ("Mistral", "float32", {}),
     ("Phi3", "float32", {}),  # fused qkv_proj / gate_up_proj, partial-rotary RoPE code
+    ("Phi3", "float32", dict(partial_rotary_factor=0.5)),  # Phi-4-mini style: RoPE on part of each head
 ]
 
 
-@pytest.mark.parametrize("family,dtype,config", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize("family,dtype,config", FAMILIES,
+                         ids=[f[0] + "".join(f"-{k}={v}" for k, v in f[2].items() if k == "partial_rotary_factor")
+                              for f in FAMILIES])
 def test_family_runs_as_one_megakernel(family, dtype, config):
     case = hf_case(family, dtype=dtype, **config)
     ref = case.fork()

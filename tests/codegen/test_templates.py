@@ -63,6 +63,34 @@ def test_per_head_norm_and_rope(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_partial_rope_rotates_only_the_first_features(dtype):
+    """Partial rotary (R < D): the kernel gets cos/sin padded with 1/0 past R; checked against HF's formula."""
+    torch.manual_seed(3)
+    T, H, D, R = 2, 4, 64, 32
+    b = Builder(T)
+    x = torch.randn(T, H * D, dtype=dtype)
+    q = b.act("q", x)
+    pos = torch.tensor([[3.0], [9.0]])
+    freqs = pos * (1.0 / 10000 ** (torch.arange(0, R, 2) / R))
+    emb = torch.cat([freqs, freqs], -1)  # [T, R]
+    pad = torch.ones(T, D - R)
+    cos = b.hbm("cos", torch.cat([emb.cos(), pad], -1).to(dtype), V.INPUT)
+    sin = b.hbm("sin", torch.cat([emb.sin(), 0 * pad], -1).to(dtype), V.INPUT)
+    qr = b.new("qr", H * D, dtype)
+    b.ins.append(ir.Rope(x=q, cos=cos, sin=sin, out=qr, head_dim=D, rotary_dim=R, layer=0))
+    b.store(qr)
+    gen, res, ref, _ = b.run()
+    _check(gen, res, ref, "qr", dtype)
+    # HF: cat((rot * cos + rotate_half(rot) * sin, rest), -1) with rot, rest = x[..., :R], x[..., R:]
+    xh = x.float().reshape(T, H, D)
+    rot, rest = xh[..., :R], xh[..., R:]
+    half = torch.cat((-rot[..., R // 2:], rot[..., :R // 2]), -1)
+    c, s_ = emb.cos()[:, None, :], emb.sin()[:, None, :]
+    hf = torch.cat((rot * c + half * s_, rest), -1).reshape(T, H * D)
+    torch.testing.assert_close(res["out_qr"].float(), hf, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("L", [32, 200, 256])
 def test_kv_write_and_decode_attention(dtype, L):
     torch.manual_seed(2)

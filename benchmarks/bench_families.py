@@ -15,8 +15,9 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import print_table, run_isolated, write_json  # noqa: E402
 
-FAMILIES = ["Llama", "Qwen2", "Qwen3", "Mistral", "Mixtral", "Phi3", "Gemma", "Gemma2", "Olmo2", "Olmo3", "Granite",
-            "SmolLM3", "Ministral", "Exaone4", "Qwen2Moe", "Glm", "StableLm", "Cohere", "GptOss"]
+FAMILIES = ["Llama", "Qwen2", "Qwen3", "Qwen3Moe", "Mistral", "Mixtral", "Phi3", "Phi", "Gemma", "Gemma2", "Olmo",
+            "Olmo2", "Olmo3", "Granite", "SmolLM3", "Ministral", "Exaone4", "Qwen2Moe", "StableLm", "Starcoder2",
+            "Apertus", "Arcee", "HunYuanDenseV1", "SeedOss", "Glm", "Cohere", "GptOss", "GPTNeoX", "Ernie4_5"]
 
 
 def measure(family: str, steps: str = "5") -> dict:

@@ -59,9 +59,10 @@ def arg_specs(program: ir.KernelProgram, layouts: dict[str, Layout]) -> dict[str
         elif isinstance(ins, ir.RMSNorm) and ins.weight is not None:
             per_head = ins.group != ins.x.features
             lay = Layout(ins.group, 1) if per_head else layouts[ins.x.name]
-            dtype = torch.float32 if (per_head or ins.weight_offset) else ins.weight.dtype
+            dtype = torch.float32 if (per_head or ins.weight_offset or ins.center) else ins.weight.dtype
             add(ins.weight, f"norm:{lay}:{ins.weight_offset}",
                 lambda t, lay=lay, off=ins.weight_offset: W.per_feature(t, lay, offset=off), dtype)
+            add(ins.bias, f"norm_bias:{lay}", lambda t, lay=lay: W.per_feature(t, lay), torch.float32)
         elif isinstance(ins, ir.Elementwise):
             full = [v for v, c in zip(ins.inputs, ins.input_classes) if c == "full"] + list(ins.outputs)
             lay = layouts[full[0].name]

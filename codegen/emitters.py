@@ -161,22 +161,37 @@ def _rmsnorm(ins: ir.RMSNorm, ctx: Context, i: int) -> Emitted:
         raise CodegenError(f"per-head norm over {ins.group} features needs them on partitions (layout has {lay.P})")
     if per_head and lay.FT * T > PSUM_FREE_FP32:
         raise CodegenError(f"per-head norm of {lay.FT} heads x {T} tokens exceeds one PSUM bank")
+    if ins.center and per_head:
+        raise CodegenError("per-head LayerNorm has no template")
     v = ctx.var(ins.out)
-    e = Emitted(sbuf=lay.FT * T * (4 + 2 * _bytes(ins.x.dtype)) + 4 * T * (lay.FT if per_head else 1), psum_banks=1)
-    weight = None
-    if ins.weight is not None:
-        # per-head norms scale by a per-partition fp32 scalar ([D, 1]); hidden norms multiply by a [P, FT] tile
-        shape, dt = ctx.shape(ins.weight), ctx.kdtype(ins.weight)
-        chunk = Chunk(shape=shape, dtype=nl_dtype(dt), src=ctx.var(ins.weight), name=f"{_inst_name(ins)}.w",
-                      earliest=0, nbytes_per_partition=shape[-1] * _bytes(dt))
-        e.pieces.append(ChunkUse(chunk, i))
-        weight = chunk.token
+    scratch = lay.FT * T * (4 + 2 * _bytes(ins.x.dtype)) + 4 * T * (lay.FT if per_head else 1)
+    if ins.center:  # fp32 copy, centered values, fp32 product before the bias
+        scratch += lay.FT * T * 12 + 4 * T
+    e = Emitted(sbuf=scratch, psum_banks=2 if ins.center else 1)
+    weight = _norm_param_chunk(e, ins.weight, ctx, f"{_inst_name(ins)}.w", i)
+    xw = f"{v}_xw" if ins.bias is not None else ""
     e.code("rmsnorm.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), per_head=per_head,
            P=lay.P, FT=lay.FT, T=T, x=ctx.var(ins.x), out=v, sq=f"{v}_sq", ss=f"{v}_ss", rstd=f"{v}_rstd",
            xn=f"{v}_xn", ones=ctx.consts["ones"], eps=repr(float(ins.eps)), inv_n=repr(1.0 / ins.group),
-           weight=weight,
+           weight=weight, center=ins.center, xf=f"{v}_xf", ms=f"{v}_ms", nmean=f"{v}_nmean", xc=f"{v}_xc",
+           neg_inv_n=repr(-1.0 / ins.group), xw=xw,
            xdtype=nl_dtype(ins.x.dtype), dtype=nl_dtype(ins.out.dtype))
+    if ins.bias is not None:  # its chunk is used after the weight's, so a ring of one buffer still works
+        bias = _norm_param_chunk(e, ins.bias, ctx, f"{_inst_name(ins)}.b", i)
+        e.code("norm_bias.j2", module=ins.module or "", name=_inst_name(ins), T=T, out=v, xw=xw, bias=bias)
     return e
+
+
+def _norm_param_chunk(e: Emitted, w: ir.Value | None, ctx: Context, name: str, i: int) -> str | None:
+    """Stream a norm's per-feature parameter: per-head norms get a per-partition fp32 scalar ([D, 1]), hidden
+    norms a [P, FT] tile."""
+    if w is None:
+        return None
+    shape, dt = ctx.shape(w), ctx.kdtype(w)
+    chunk = Chunk(shape=shape, dtype=nl_dtype(dt), src=ctx.var(w), name=name, earliest=0,
+                  nbytes_per_partition=shape[-1] * _bytes(dt))
+    e.pieces.append(ChunkUse(chunk, i))
+    return chunk.token
 
 
 def _linear_chunks(n_total: int, per_nt_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:

@@ -88,7 +88,10 @@ class Embed(Instruction):
 
 @dataclass
 class RMSNorm(Instruction):
-    """out = w * (x * rsqrt(mean(x^2 over each group) + eps)) (+ offset on w, e.g. Gemma's 1 + w)."""
+    """out = w * (x * rsqrt(mean(x^2 over each group) + eps)) (+ offset on w, e.g. Gemma's 1 + w).
+
+    With ``center`` it is LayerNorm: x - mean(x) is normalized, in fp32, then ``* w + bias`` rounded once (what
+    ``torch.nn.functional.layer_norm`` does for low-precision inputs). Hidden-state norms only."""
 
     opcode: ClassVar[str] = "rmsnorm"
     x: Value
@@ -97,6 +100,8 @@ class RMSNorm(Instruction):
     eps: float
     group: int  # normalized group size: F for a hidden-state norm, head_dim for q/k-norm
     weight_offset: float = 0.0
+    center: bool = False
+    bias: Value | None = None
 
 
 @dataclass

@@ -296,6 +296,21 @@ def _rmsnorm(L: _Lowerer, m: Any) -> None:
                       weight_offset=float(m.params.get("offset", default_offset) or 0.0)), m)
 
 
+@rule("layernorm")
+def _layernorm(L: _Lowerer, m: Any) -> None:
+    """LayerNorm over the hidden state (nn.LayerNorm with or without bias, Cohere's fp32 form)."""
+    x_node = _in(m, "x")
+    x = L.act(x_node, _views(m, "x"))
+    group = int(L.node(x_node)["shape"][-1])
+    if group != x.features:
+        raise CodegenError(f"LayerNorm over {group} of {x.features} features (per-head LayerNorm) has no template")
+    w = L.hbm(_in(m, "weight"))
+    b = L.hbm(m.inputs["bias"]) if m.inputs.get("bias") else None
+    out = L.new_act(_out(m), _label(m))
+    L.emit(ir.RMSNorm(x=x, weight=w, out=out, eps=float(m.params.get("eps", 1e-5)), group=group, center=True,
+                      bias=b), m)
+
+
 @rule("sigmoid_gate")
 def _sigmoid_gate(L: _Lowerer, m: Any) -> None:
     gate = L.act(_in(m, "gate"), _views(m, "gate"))

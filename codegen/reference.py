@@ -76,6 +76,15 @@ def _rmsnorm(ins: ir.RMSNorm, env: dict) -> None:
     x = env[ins.x.name]
     T = x.shape[0]
     xf = x.float().reshape(T, -1, ins.group)
+    if ins.center:  # LayerNorm: fp32 throughout, one rounding at the end
+        xc = xf - xf.mean(-1, keepdim=True)
+        y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + ins.eps)
+        if ins.weight is not None:
+            y = y * env[ins.weight.name].float()
+        if ins.bias is not None:
+            y = y + env[ins.bias.name].float()
+        env[ins.out.name] = y.to(ins.out.dtype).reshape(ins.out.shape)
+        return
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ins.eps)).to(x.dtype)
     if ins.weight is not None:
         w = env[ins.weight.name]

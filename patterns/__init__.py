@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (imported for registration)
     decode_attention,
     embedding,
     kv_cache_update,
+    layernorm,
     linear,
     moe_experts,
     moe_router,

@@ -40,6 +40,27 @@ def test_rmsnorm_hidden_and_linear_with_bias(dtype, T):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,bias", [(1, True), (3, False)])
+def test_layernorm_hidden(dtype, T, bias):
+    """LayerNorm (RMSNorm template with the mean subtracted), against torch's layer_norm: fp32 inside, one
+    rounding at the end. Offset inputs, so a missing mean subtraction cannot pass."""
+    torch.manual_seed(4)
+    b = Builder(T)
+    xt = (3.0 + torch.randn(T, 384)).to(dtype)
+    wt = (1 + 0.1 * torch.randn(384)).to(dtype)
+    bt = torch.randn(384).to(dtype) if bias else None
+    x = b.act("x", xt)
+    y = b.new("y", 384, dtype)
+    b.ins.append(ir.RMSNorm(x=x, weight=b.hbm("w_ln", wt), out=y, eps=1e-5, group=384, center=True,
+                            bias=b.hbm("b_ln", bt) if bias else None, layer=0))
+    b.store(y)
+    gen, res, ref, _ = b.run()
+    _check(gen, res, ref, "y", dtype)
+    expected = torch.nn.functional.layer_norm(xt, (384,), wt, bt, 1e-5)
+    torch.testing.assert_close(res["out_y"].float(), expected.float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_per_head_norm_and_rope(dtype):
     torch.manual_seed(1)
     T, H, D = 2, 4, 64

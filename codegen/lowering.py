@@ -37,12 +37,18 @@ class ArgSource:
     dtype: torch.dtype
     kind: str
     convert: str = ""  # "bool_mask": True = attend -> additive 0 / most-negative (SDPA's boolean masks)
-    rows: tuple[int, int] | None = None  # a row range of the node's tensor (one part of a fused QKV weight)
+    #: row ranges of the node's tensor, concatenated (one part of a fused QKV weight; several ranges when the
+    #: fused output is split per head, GPT-NeoX style)
+    rows: tuple[tuple[int, int], ...] | None = None
     pad: tuple[int, float] | None = None  # (size, value): pad the last dim to ``size`` (partial-rotary cos/sin)
 
     def value(self, t: Any) -> Any:
         """The argument's logical value, given the program node's value."""
-        return t[self.rows[0]:self.rows[1]] if self.rows is not None else t
+        if self.rows is None:
+            return t
+        if len(self.rows) == 1:
+            return t[self.rows[0][0]:self.rows[0][1]]
+        return torch.cat([t[a:b] for a, b in self.rows])
 
 
 @dataclass
@@ -143,20 +149,20 @@ class _Lowerer:
         label = (d.get("module") or d.get("source") or nid).replace("model.layers.", "l").replace("model.", "")
         return self._arg(nid, kind, tuple(int(s) for s in d["shape"]), _dtype(d["dtype"]), label)
 
-    def hbm_rows(self, nid: str, start: int, stop: int) -> ir.Value:
-        """Rows ``[start, stop)`` of a weight (or bias) as their own kernel argument: the part of a fused QKV or
-        gate_up projection that one consumer reads."""
-        key = f"{nid}[{start}:{stop}]"
+    def hbm_rows(self, nid: str, rows: tuple[tuple[int, int], ...]) -> ir.Value:
+        """Row ranges of a weight (or bias), concatenated, as their own kernel argument: the part of a fused QKV
+        or gate_up projection that one consumer reads."""
+        key = f"{nid}{list(rows)}"
         if key in self.values:
             return self.values[key]
         full = self.hbm(nid)
         if full.kind != V.WEIGHT:
             raise CodegenError(f"{nid} is not a weight; cannot take rows of it")
-        v = ir.Value(self._unique(f"{full.name}_r{start}"), V.WEIGHT, (stop - start, *full.shape[1:]), full.dtype,
-                     node=nid)
+        n = sum(b - a for a, b in rows)
+        v = ir.Value(self._unique(f"{full.name}_r{rows[0][0]}"), V.WEIGHT, (n, *full.shape[1:]), full.dtype, node=nid)
         self.values[key] = v
         self.order.append(v)
-        self.args[v.name] = ArgSource(nid, v.shape, v.dtype, V.WEIGHT, rows=(start, stop))
+        self.args[v.name] = ArgSource(nid, v.shape, v.dtype, V.WEIGHT, rows=tuple(rows))
         return v
 
     def act(self, nid: str, views: tuple[str, ...] = ()) -> ir.Value:
@@ -327,10 +333,10 @@ def _linear(L: _Lowerer, m: Any) -> None:
     pieces = _feature_pieces(L, _out(m))
     if pieces:  # fused QKV / gate_up read only through feature slices: one projection per slice
         w_node, b_node = _in(m, "weight"), m.inputs.get("bias")
-        for node, start, stop in pieces:
-            w = L.hbm_rows(w_node, start, stop)
-            b = L.hbm_rows(b_node, start, stop) if b_node else None
-            out = L.new_act(node, _label(m, f"f{start}"))
+        for node, rows in pieces:
+            w = L.hbm_rows(w_node, rows)
+            b = L.hbm_rows(b_node, rows) if b_node else None
+            out = L.new_act(node, _label(m, f"f{rows[0][0]}"))
             L.emit(ir.Linear(x=x, weight=w, out=out, bias=b), m)
         return
     w = L.hbm(_in(m, "weight"))
@@ -341,23 +347,81 @@ def _linear(L: _Lowerer, m: Any) -> None:
     L.emit(ir.Linear(x=x, weight=w, out=out, bias=b), m)
 
 
-def _feature_pieces(L: _Lowerer, out: str) -> list[tuple[str, int, int]] | None:
-    """``[(node, start, stop)]`` when every reader of a projection's output takes a range of its features (HF
-    fused projections: Phi-3's ``qkv[..., :q_size]``, ``gate_up.chunk(2, dim=-1)``); else None.
+def _feature_pieces(L: _Lowerer, out: str) -> list[tuple[str, tuple[tuple[int, int], ...]]] | None:
+    """``[(node, row ranges)]`` when every reader of a projection's output takes some of its features (HF fused
+    projections: Phi-3's ``qkv[..., :q_size]``, ``gate_up.chunk(2, dim=-1)``, GPT-NeoX's per-head
+    ``qkv.view(..., heads, 3 * head_dim).transpose(1, 2).chunk(3, dim=-1)``); else None.
 
-    Each range then becomes its own projection over those weight rows: the same bytes are read once, and no
+    Each piece then becomes its own projection over those weight rows: the same bytes are read once, and no
     on-chip value has to be cut at a feature offset that is not a multiple of the partition count.
     """
     d = L.node(out)
     shape = d.get("shape")
-    if not isinstance(shape, tuple) or len(shape) < 2 or L.features(out) != shape[-1]:
+    if not isinstance(shape, tuple) or len(shape) < 2:
         return None
-    F, last = shape[-1], len(shape) - 1
-    pieces: list[tuple[str, int, int]] = []
-    for s in L.G.successors(out):
-        e = L.G.edges[out, s]
-        if e.get("hazard"):
+    F = L.features(out)
+    if shape[-1] != F:  # the match's output is already viewed per head ([..., heads, E]; views fold together)
+        return _unmatched_pieces(L, _grouped_pieces(L, out, shape)) if shape[-2] * shape[-1] == F else None
+    pieces: list[tuple[str, tuple[tuple[int, int], ...]]] = []
+    for s in _data_succ(L, out):
+        c = L.node(s)
+        cshape = c.get("shape")
+        if (c.get("op") in _RESHAPES and isinstance(cshape, tuple) and len(cshape) == len(shape) + 1
+                and tuple(cshape[:len(shape) - 1]) == tuple(shape[:-1]) and cshape[-2] * cshape[-1] == F):
+            grouped = _grouped_pieces(L, s, cshape)
+            if grouped is None:
+                return None
+            pieces += grouped
             continue
+        ranges = _last_dim_ranges(L, out, shape, only=s)
+        if ranges is None:
+            return None
+        pieces += [(n, ((a, b),)) for n, (a, b) in ranges]
+    return _unmatched_pieces(L, pieces)
+
+
+def _unmatched_pieces(L: _Lowerer, pieces: list | None) -> list | None:
+    """Pieces only when the slicing is layout glue: a slice some pattern matched (partial rotary's
+    ``x[..., :R]``) needs the whole projection output as its input."""
+    if not pieces or any(b <= a for _, rows in pieces for a, b in rows):
+        return None
+    matched = set().union(*(m.nodes for m in L.region.matches))
+    return None if any(n in matched for n, _ in pieces) else pieces
+
+
+def _grouped_pieces(L: _Lowerer, node: str, shape: tuple) -> list[tuple[str, tuple[tuple[int, int], ...]]] | None:
+    """Pieces of a projection output viewed as ``[..., groups, E]`` and split along E: each piece's rows repeat
+    per group (GPT-NeoX's per-head fused QKV)."""
+    groups, E = shape[-2], shape[-1]
+    src, sshape = node, shape
+    while True:  # through transposes that keep the element order (decode: the sequence dim is 1)
+        nxt = _data_succ(L, src)
+        t = L.node(nxt[0]) if len(nxt) == 1 else {}
+        if (t.get("op") not in ("aten.transpose.int", "aten.permute.default")
+                or not isinstance(t.get("shape"), tuple) or t["shape"][-1] != E
+                or not _preserves_order(L.G, nxt[0], src)):
+            break
+        src, sshape = nxt[0], t["shape"]
+    inner = _last_dim_ranges(L, src, sshape)
+    if not inner or any(b <= a for _, (a, b) in inner):
+        return None
+    return [(n, tuple((g * E + a, g * E + b) for g in range(groups))) for n, (a, b) in inner]
+
+
+_RESHAPES = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
+
+
+def _data_succ(L: _Lowerer, n: str) -> list[str]:
+    return [s for s in L.G.successors(n) if not L.G.edges[n, s].get("hazard")]
+
+
+def _last_dim_ranges(L: _Lowerer, src: str, shape: tuple,
+                     only: str | None = None) -> list[tuple[str, tuple[int, int]]] | None:
+    """The last-dim ranges the readers of ``src`` take (slices, split/chunk + getitem); None if a reader does
+    anything else."""
+    F, last = shape[-1], len(shape) - 1
+    found: list[tuple[str, tuple[int, int]]] = []
+    for s in ([only] if only else _data_succ(L, src)):
         c = L.node(s)
         op, args = c.get("op"), c.get("args", ())
         if op == "aten.slice.Tensor":
@@ -367,22 +431,22 @@ def _feature_pieces(L: _Lowerer, out: str) -> list[tuple[str, int, int]] | None:
             step = args[4] if len(args) > 4 else 1
             if dim % len(shape) != last or step != 1 or not isinstance(start, int) or not isinstance(stop, int):
                 return None
-            pieces.append((s, max(0, start), min(stop, F)))
+            found.append((s, (max(0, start), min(stop, F))))
         elif op in ("aten.split.Tensor", "aten.split_with_sizes.default"):
             dim = args[2] if len(args) > 2 else 0
             if dim % len(shape) != last:
                 return None
             sizes = list(args[1]) if op.endswith("sizes.default") else [args[1]] * -(-F // args[1])
             bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-            for g in L.G.successors(s):
+            for g in _data_succ(L, s):
                 gd = L.node(g)
                 if gd.get("op") != "getitem":
                     return None
                 i = gd["args"][1]
-                pieces.append((g, bounds[i], min(bounds[i + 1], F)))
+                found.append((g, (bounds[i], min(bounds[i + 1], F))))
         else:
             return None
-    return pieces if pieces and all(stop > start for _, start, stop in pieces) else None
+    return found
 
 
 @rule("rope")

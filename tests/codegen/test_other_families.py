@@ -1,7 +1,8 @@
 """Decoder families beyond the three bundled ones, through the megakernel (not only matched): Qwen2 (q/k/v
 biases), Gemma (offset norms, gelu_tanh, scaled embedding), Qwen2-MoE (shared expert with a sigmoid gate),
 Mistral (sliding-window cache layers: their Python step counter becomes a runtime scalar after one recompile),
-Phi-3 (fused QKV and gate_up projections read through feature slices: one projection per slice in the kernel).
+Phi-3 (fused QKV and gate_up projections read through feature slices: one projection per slice in the kernel),
+StableLM (LayerNorm, partial rotary), GPT-NeoX (QKV fused per head).
 """
 import pytest
 import torch
@@ -26,6 +27,7 @@ FAMILIES = [
     ("Phi3", "float32", dict(partial_rotary_factor=0.5)),  # Phi-4-mini style: RoPE on part of each head
     ("StableLm", "float32", {}),  # LayerNorm with bias, partial rotary 0.25
     ("StableLm", "bfloat16", {}),
+    ("GPTNeoX", "float32", {}),  # QKV fused per head (view, transpose, chunk), LayerNorm, parallel residual
 ]
 
 

@@ -126,6 +126,7 @@ class Rope(Instruction):
     out: Value
     head_dim: int
     rotary_dim: int = 0  # partial rotary: only features [0, rotary_dim) of each head rotate (0: all of them)
+    interleaved: bool = False  # rotate pairs (x[2i], x[2i+1]) (GPT-J convention) instead of the two halves
 
 
 @dataclass

@@ -449,7 +449,7 @@ def _last_dim_ranges(L: _Lowerer, src: str, shape: tuple,
     return found
 
 
-@rule("rope")
+@rule("rope", "rope_interleaved")
 def _rope(L: _Lowerer, m: Any) -> None:
     x_node = _in(m, "x")
     x = L.act(x_node, _views(m, "x"))
@@ -464,7 +464,8 @@ def _rope(L: _Lowerer, m: Any) -> None:
         L.args[cos.name].pad = (D, 1.0)
         L.args[sin.name].pad = (D, 0.0)
     out = L.new_act(_out(m), _label(m, "rope"))
-    L.emit(ir.Rope(x=x, cos=cos, sin=sin, out=out, head_dim=D, rotary_dim=R if R < D else 0), m)
+    L.emit(ir.Rope(x=x, cos=cos, sin=sin, out=out, head_dim=D, rotary_dim=R if R < D else 0,
+                   interleaved=m.pattern.template == "rope_interleaved"), m)
 
 
 @rule("kv_cache_update")
@@ -605,6 +606,11 @@ def lower_region(program: Any, region: Any, tokens: int, name: str = "fusegraph_
     L.kernel_nodes |= {g for g in glue if _only_feeds(L, g, L.kernel_nodes | glue)}
     # values the kernel reads from outside are computed on the eager path, even views inside the region
     L.kernel_nodes -= {src.node for src in L.args.values()}
+    # ...and so is the glue those values are computed from (e.g. GLM's repeat_interleave of cos/sin)
+    host_glue = {g for g in glue & L.kernel_nodes if not _only_feeds(L, g, L.kernel_nodes)}
+    while host_glue:
+        L.kernel_nodes -= host_glue
+        host_glue = {g for g in glue & L.kernel_nodes if not _only_feeds(L, g, L.kernel_nodes)}
     outputs: dict[str, str] = {}
     for b in region.outputs:
         nid = b.node

@@ -58,8 +58,9 @@ def _consts_needed(program: ir.KernelProgram) -> dict[str, torch.Tensor]:
                                                             and any(o.op == "sum" for o in ins.ops)):
             consts["c_ones"] = W.ones(PMAX)
         elif isinstance(ins, ir.Rope):
-            key = f"c_rot_{ins.head_dim}_{ins.rotary_dim or ins.head_dim}_{str(ins.x.dtype).split('.')[-1]}"
-            consts[key] = W.rotate_half_matrix(ins.head_dim, ins.x.dtype, ins.rotary_dim)
+            key = (f"c_rot_{ins.head_dim}_{ins.rotary_dim or ins.head_dim}{'i' if ins.interleaved else ''}_"
+                   f"{str(ins.x.dtype).split('.')[-1]}")
+            consts[key] = W.rotate_half_matrix(ins.head_dim, ins.x.dtype, ins.rotary_dim, ins.interleaved)
         elif isinstance(ins, ir.Experts):
             consts[f"c_sel_{str(ins.weights.dtype).split('.')[-1]}"] = W.token_selectors(T, PMAX, ins.weights.dtype)
     return consts

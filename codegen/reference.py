@@ -111,7 +111,9 @@ def _rope(ins: ir.Rope, env: dict) -> None:
     cos = env[ins.cos.name].reshape(T, 1, ins.head_dim)
     sin = env[ins.sin.name].reshape(T, 1, ins.head_dim)
     r = ins.rotary_dim or ins.head_dim
-    rot = torch.cat((rotate_half(xh[..., :r]), torch.zeros_like(xh[..., r:])), dim=-1)  # cos/sin padded past r
+    part = xh[..., :r]
+    turned = torch.stack((-part[..., 1::2], part[..., 0::2]), -1).flatten(-2) if ins.interleaved else rotate_half(part)
+    rot = torch.cat((turned, torch.zeros_like(xh[..., r:])), dim=-1)  # cos/sin padded past r
     env[ins.out.name] = ((xh * cos) + (rot * sin)).reshape(ins.out.shape)
 
 

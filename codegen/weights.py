@@ -46,9 +46,16 @@ def router(weight: torch.Tensor, in_layout: Layout) -> torch.Tensor:
     return weight[:, in_layout.feature_index()].permute(1, 2, 0).contiguous()
 
 
-def rotate_half_matrix(head_dim: int, dtype: torch.dtype, rotary_dim: int = 0) -> torch.Tensor:
+def rotate_half_matrix(head_dim: int, dtype: torch.dtype, rotary_dim: int = 0, interleaved: bool = False) -> torch.Tensor:
     """R with ``rotate_half(x) = R.T @ x`` over the head dimension (entries 0/±1: exact in any dtype). With a
-    partial ``rotary_dim`` only the first ``rotary_dim`` features rotate; R is zero past them."""
+    partial ``rotary_dim`` only the first ``rotary_dim`` features rotate; R is zero past them. ``interleaved``:
+    the GPT-J pair rotation ``(x[2i], x[2i+1]) -> (-x[2i+1], x[2i])`` instead of the two halves."""
+    if interleaved:
+        r = torch.zeros(head_dim, head_dim, dtype=dtype)
+        i = torch.arange(0, rotary_dim or head_dim, 2)
+        r[i + 1, i] = -1.0
+        r[i, i + 1] = 1.0
+        return r
     h = (rotary_dim or head_dim) // 2
     r = torch.zeros(head_dim, head_dim, dtype=dtype)
     m = torch.arange(h)

@@ -17,6 +17,7 @@ from . import (  # noqa: F401  (imported for registration)
     rmsnorm,
     rmsnorm_offset,
     rope,
+    rope_interleaved,
     rope_partial,
     rope_tables,
     sigmoid_gate,

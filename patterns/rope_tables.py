@@ -35,3 +35,22 @@ def _matmul(inv_freq, position_ids, *, attention_scaling, dtype):
     cos = emb.cos() * attention_scaling
     sin = emb.sin() * attention_scaling
     return cos.to(dtype=dtype), sin.to(dtype=dtype)
+
+
+@register_pattern(
+    "fusegraph.rope_tables_interleaved",
+    template="rope_tables",
+    priority=15,
+    inputs=[INV_FREQ, POSITIONS],
+    outputs=("cos", "sin"),
+    params={"attention_scaling": 1.0},
+    dims={"F": (4, 10), "B": (2, 3), "S": (1, 3)},
+)
+def rope_tables_interleaved(inv_freq, position_ids, *, attention_scaling, dtype):
+    """Cohere: each frequency repeated for its pair (``repeat_interleave``) instead of the two halves, for the
+    interleaved rotation (:mod:`.rope_interleaved`)."""
+    freqs = position_ids[..., None].float() * inv_freq.to(dtype=torch.float)
+    emb = torch.repeat_interleave(freqs, 2, dim=-1)
+    cos = emb.cos() * attention_scaling
+    sin = emb.sin() * attention_scaling
+    return cos.to(dtype=dtype), sin.to(dtype=dtype)

@@ -2,7 +2,7 @@
 biases), Gemma (offset norms, gelu_tanh, scaled embedding), Qwen2-MoE (shared expert with a sigmoid gate),
 Mistral (sliding-window cache layers: their Python step counter becomes a runtime scalar after one recompile),
 Phi-3 (fused QKV and gate_up projections read through feature slices: one projection per slice in the kernel),
-StableLM (LayerNorm, partial rotary), GPT-NeoX (QKV fused per head).
+StableLM (LayerNorm, partial rotary), GPT-NeoX (QKV fused per head), GLM and Cohere (interleaved RoPE).
 """
 import pytest
 import torch
@@ -28,6 +28,9 @@ FAMILIES = [
     ("StableLm", "float32", {}),  # LayerNorm with bias, partial rotary 0.25
     ("StableLm", "bfloat16", {}),
     ("GPTNeoX", "float32", {}),  # QKV fused per head (view, transpose, chunk), LayerNorm, parallel residual
+    ("Glm", "float32", {}),  # interleaved partial rotary, cos/sin repeat_interleave'd inside attention
+    ("Cohere", "float32", {}),  # interleaved RoPE in fp32, LayerNorm without bias, parallel attention + MLP
+    ("Cohere", "bfloat16", {}),
 ]
 
 

@@ -112,6 +112,35 @@ def test_partial_rope_rotates_only_the_first_features(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("R", [64, 32])
+def test_interleaved_rope(dtype, R):
+    """GPT-J style pair rotation (Cohere; GLM with a partial rotary dim), against HF's formula."""
+    torch.manual_seed(5)
+    T, H, D = 2, 4, 64
+    b = Builder(T)
+    x = torch.randn(T, H * D, dtype=dtype)
+    q = b.act("q", x)
+    pos = torch.tensor([[3.0], [9.0]])
+    freqs = pos * (1.0 / 10000 ** (torch.arange(0, R, 2) / R))
+    emb = torch.repeat_interleave(freqs, 2, dim=-1)  # [T, R]
+    pad = torch.ones(T, D - R)
+    cos = b.hbm("cos", torch.cat([emb.cos(), pad], -1).to(dtype), V.INPUT)
+    sin = b.hbm("sin", torch.cat([emb.sin(), 0 * pad], -1).to(dtype), V.INPUT)
+    qr = b.new("qr", H * D, dtype)
+    b.ins.append(ir.Rope(x=q, cos=cos, sin=sin, out=qr, head_dim=D, rotary_dim=R if R < D else 0, interleaved=True,
+                         layer=0))
+    b.store(qr)
+    gen, res, ref, _ = b.run()
+    _check(gen, res, ref, "qr", dtype)
+    xh = x.float().reshape(T, H, D)
+    rot, rest = xh[..., :R], xh[..., R:]
+    turned = torch.stack((-rot[..., 1::2], rot[..., 0::2]), dim=-1).flatten(-2)
+    c, s_ = emb.cos()[:, None, :], emb.sin()[:, None, :]
+    hf = torch.cat((rot * c + turned * s_, rest), -1).reshape(T, H * D)
+    torch.testing.assert_close(res["out_qr"].float(), hf, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("L", [32, 200, 256])
 def test_kv_write_and_decode_attention(dtype, L):
     torch.manual_seed(2)

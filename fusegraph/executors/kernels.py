@@ -56,7 +56,9 @@ def _tokens(program: Program, region: Any) -> int:
             if len(shape) == 3 and shape[1] != 1:
                 raise CodegenError(f"a step over {shape[1]} positions is not a decode step (prefill runs eagerly)")
             return int(shape[0]) if len(shape) >= 2 else 1
-    raise CodegenError("cannot tell the number of decode tokens of this region")
+    names = ", ".join(sorted({m.pattern.name.split(".")[-1] for m in region.matches}))
+    raise CodegenError(f"a fragment without an embedding, norm or projection to size the decode step from "
+                       f"({names}) is not lowered")
 
 
 def default_cache_dir() -> Path:

@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import print_table, run_isolated, write_json  # noqa: E402
 
-FAMILIES = ["Llama", "Qwen2", "Qwen3", "Qwen3Moe", "Mistral", "Mixtral", "Phi3", "Phi", "Gemma", "Gemma2", "Olmo",
+FAMILIES = ["Llama", "Qwen2", "Qwen3", "Qwen3Moe", "Mistral", "Mixtral", "Phi3", "Phi", "Gemma", "Gemma2", "Gemma3", "Olmo",
             "Olmo2", "Olmo3", "Granite", "SmolLM3", "Ministral", "Exaone4", "Qwen2Moe", "StableLm", "Starcoder2",
             "Apertus", "Arcee", "HunYuanDenseV1", "SeedOss", "Glm", "Cohere", "GptOss", "GPTNeoX", "Ernie4_5"]
 

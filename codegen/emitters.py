@@ -319,6 +319,8 @@ def _attention(ins: ir.Attention, ctx: Context, i: int) -> Emitted:
            pT=f"{v}_pT", vn=f"{v}_vn", q=ctx.var(ins.q), k_cache=ctx.var(ins.k_cache), v_cache=ctx.var(ins.v_cache),
            tiles=_tiles(L, PMAX), chunks=[(c, s) for c, s, _ in _tiles(L, MOVING_MAX)], scale=repr(float(ins.scale)),
            exact_rounding=exact, score_dtype=nl_dtype(ins.q.dtype if exact else torch.float32),
+           softcap=repr(float(ins.softcap)) if ins.softcap else "", inv_softcap=repr(1.0 / ins.softcap) if ins.softcap else "",
+           scale_over_cap=repr(float(ins.scale) / ins.softcap) if ins.softcap else "",
            g_range=f"pid * {ctx.split(Hkv)}, pid * {ctx.split(Hkv)} + {ctx.split(Hkv)}" if ctx.split(Hkv) else str(Hkv),
            half=ctx.split(Hkv) * G if ctx.split(Hkv) else 0, whole=L > PMAX and L % PMAX == 0)
     return e

@@ -153,6 +153,7 @@ class Attention(Instruction):
     scale: float
     groups: int  # query heads per kv head
     rounding: str = "eager"  # "eager": scores rounded to q's dtype after each op, like HF eager; "fused": fp32 (SDPA)
+    softcap: float = 0.0  # Gemma 2: scores -> tanh(scores / softcap) * softcap before the mask (0: off)
 
 
 @dataclass

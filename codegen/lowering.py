@@ -501,7 +501,8 @@ def _attention(L: _Lowerer, m: Any) -> None:
     scale = float(m.params.get("scale", D ** -0.5))
     out = L.new_act(_out(m), _label(m, "attn"))
     rounding = "fused" if str(getattr(m, "variant", "")).startswith("sdpa") else "eager"
-    L.emit(ir.Attention(q=q, k_cache=k, v_cache=v, mask=mask, out=out, scale=scale, groups=groups, rounding=rounding), m)
+    L.emit(ir.Attention(q=q, k_cache=k, v_cache=v, mask=mask, out=out, scale=scale, groups=groups, rounding=rounding,
+                        softcap=float(m.params.get("softcap") or 0.0)), m)
 
 
 @rule("residual_add", "add")

@@ -136,9 +136,12 @@ def _attention(ins: ir.Attention, env: dict) -> None:
     k = k.repeat_interleave(ins.groups, dim=1)
     v = v.repeat_interleave(ins.groups, dim=1)
     if ins.rounding == "eager":
-        scores = torch.matmul(q, k.transpose(2, 3)) * ins.scale + mask
+        scores = torch.matmul(q, k.transpose(2, 3)) * ins.scale
     else:
-        scores = torch.matmul(q.float(), k.float().transpose(2, 3)) * ins.scale + mask.float()
+        scores = torch.matmul(q.float(), k.float().transpose(2, 3)) * ins.scale
+    if ins.softcap:
+        scores = torch.tanh(scores / ins.softcap) * ins.softcap
+    scores = scores + (mask if ins.rounding == "eager" else mask.float())
     p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     env[ins.out.name] = torch.matmul(p, v).reshape(ins.out.shape)
 

@@ -77,3 +77,29 @@ def _sdpa_additive(q, k, v, mask, *, scale):
     groups = q.shape[1] // k.shape[1]
     return torch.nn.functional.scaled_dot_product_attention(
         q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask, dropout_p=0.0, scale=scale, is_causal=False)
+
+
+@register_pattern(
+    "fusegraph.decode_attention_softcap",
+    template="decode_attention",
+    priority=31,
+    inputs=[Q, K, V, Input("mask", "B 1 1 L")],
+    params={"scale": 0.125, "softcap": 50.0},
+    cases=[{"mask_form": "additive"}, {"G": 1, "mask_form": "additive"}],
+    dims={"B": (2, 5), "KV": (2, 3), "G": (3, 4), "L": (16, 20), "D": (8, 12)},
+    check=_check,
+    derive=_derive,
+)
+def decode_attention_softcap(q, k, v, mask, *, scale, softcap):
+    """Gemma 2: the scores soft-capped, ``tanh(s / softcap) * softcap``, before the mask."""
+    groups = q.shape[1] // k.shape[1]
+    key_states = repeat_kv(k, groups)
+    value_states = repeat_kv(v, groups)
+    attn_weights = torch.matmul(q, key_states.transpose(2, 3)) * scale
+    attn_weights = attn_weights / softcap
+    attn_weights = torch.tanh(attn_weights)
+    attn_weights = attn_weights * softcap
+    attn_weights = attn_weights + mask
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(q.dtype)
+    attn_weights = torch.nn.functional.dropout(attn_weights, p=0.0, training=False)
+    return torch.matmul(attn_weights, value_states)

@@ -145,20 +145,20 @@ def build_decode(name: str, *, dtype: str | torch.dtype | None = None, attn: str
 
 def build_family_decode(family: str, *, attn: str = "eager", dtype: str = "float32", prompt_len: int = 8,
                         max_cache_len: int = 32, seed: int = 0, **config: Any) -> DecodeCase:
-    """A tiny decode step of any HF decoder family (``transformers.<family>Config`` / ``<family>ForCausalLM``,
-    e.g. ``"Mistral"``, ``"Phi3"``), with :data:`TINY_DIMS` overridden by ``config``, prefilled eagerly: how
-    fusegraph is tried on decoders beyond the bundled ones."""
+    """A tiny decode step of any HF decoder family (``transformers.<family>ForCausalLM`` and its config class,
+    e.g. ``"Mistral"``, ``"Phi3"``, ``"Gemma3"``), with :data:`TINY_DIMS` overridden by ``config``, prefilled
+    eagerly: how fusegraph is tried on decoders beyond the bundled ones."""
     import transformers
     from transformers import StaticCache
 
-    config_cls = getattr(transformers, family + "Config")
+    model_cls = getattr(transformers, family + "ForCausalLM")
+    config_cls = model_cls.config_class  # e.g. Gemma3ForCausalLM: the text-only Gemma3TextConfig
     cfg = config_cls(**{**TINY_DIMS, **config})
     if isinstance(getattr(cfg, "pad_token_id", None), int) and cfg.pad_token_id >= cfg.vocab_size:
         # the family's default pad id (e.g. Phi-3's 32000) does not fit the tiny vocabulary
         cfg = config_cls(**{**TINY_DIMS, "pad_token_id": 0, **config})
     torch.manual_seed(seed)
-    model = getattr(transformers, family + "ForCausalLM")._from_config(
-        cfg, dtype=getattr(torch, dtype), attn_implementation=attn).eval()
+    model = model_cls._from_config(cfg, dtype=getattr(torch, dtype), attn_implementation=attn).eval()
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len))
     with torch.no_grad():

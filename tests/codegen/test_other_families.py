@@ -2,7 +2,8 @@
 biases), Gemma (offset norms, gelu_tanh, scaled embedding), Qwen2-MoE (shared expert with a sigmoid gate),
 Mistral (sliding-window cache layers: their Python step counter becomes a runtime scalar after one recompile),
 Phi-3 (fused QKV and gate_up projections read through feature slices: one projection per slice in the kernel),
-StableLM (LayerNorm, partial rotary), GPT-NeoX (QKV fused per head), GLM and Cohere (interleaved RoPE).
+StableLM (LayerNorm, partial rotary), GPT-NeoX (QKV fused per head), GLM and Cohere (interleaved RoPE), Gemma 3
+(sliding and full attention layers), Gemma 2 (soft-capped attention scores and logits).
 """
 import pytest
 import torch
@@ -31,6 +32,8 @@ FAMILIES = [
     ("Glm", "float32", {}),  # interleaved partial rotary, cos/sin repeat_interleave'd inside attention
     ("Cohere", "float32", {}),  # interleaved RoPE in fp32, LayerNorm without bias, parallel attention + MLP
     ("Cohere", "bfloat16", {}),
+    ("Gemma3", "float32", {}),  # text-only config, sliding and full attention layers, q/k norms with offset
+    ("Gemma2", "float32", {}),  # attention scores and final logits soft-capped
 ]
 
 

@@ -169,6 +169,32 @@ def test_kv_write_and_decode_attention(dtype, L):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rounding", ["eager", "fused"])
+def test_decode_attention_with_softcap(dtype, rounding):
+    """Gemma 2's soft-capped scores, against the formula in fp32: large scores (x8) so the cap matters."""
+    torch.manual_seed(6)
+    B, Hq, Hkv, D, L, cap = 2, 4, 2, 64, 32, 20.0
+    b = Builder(B)
+    qt = (8 * torch.randn(B, Hq * D)).to(dtype)
+    kt, vt = torch.randn(B, Hkv, L, D, dtype=dtype), torch.randn(B, Hkv, L, D, dtype=dtype)
+    mask = torch.zeros(B, L)
+    mask[0, 20:] = torch.finfo(torch.float32).min
+    o = b.new("o", Hq * D, dtype)
+    b.ins.append(ir.Attention(q=b.act("q", qt), k_cache=b.hbm("k_cache", kt, V.STATE),
+                              v_cache=b.hbm("v_cache", vt, V.STATE), mask=b.hbm("mask", mask.to(dtype), V.INPUT),
+                              out=o, scale=D ** -0.5, groups=Hq // Hkv, rounding=rounding, softcap=cap, layer=0))
+    b.store(o)
+    gen, res, ref, _ = b.run()
+    _check(gen, res, ref, "o", dtype)
+    q = qt.float().reshape(B, Hq, 1, D)
+    k, v = kt.float().repeat_interleave(2, dim=1), vt.float().repeat_interleave(2, dim=1)
+    s = torch.tanh((q @ k.transpose(2, 3)) * D ** -0.5 / cap) * cap + mask.reshape(B, 1, 1, L)
+    expected = (torch.softmax(s, -1) @ v).reshape(B, Hq * D)
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=6e-2, rtol=6e-2)
+    torch.testing.assert_close(res["out_o"].float(), expected, **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("normalize", [True, False])
 def test_router_and_selective_experts(dtype, normalize):
     torch.manual_seed(3)

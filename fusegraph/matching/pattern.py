@@ -113,7 +113,7 @@ class Pattern:
     slots: Mapping[str, Slot] = field(default_factory=dict)
     cases: tuple[Mapping[str, Any], ...] = ({},)
     dims: Mapping[str, int | tuple[int, int]] = field(default_factory=dict)
-    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     check: Callable[["Any"], CheckResult] | None = None
     derive: Callable[["Any"], Mapping[str, Any]] | None = None
     reference: Callable[..., Any] | None = None

@@ -91,7 +91,19 @@ class Analysis:
                               frozenset(self.settings.fallback_ops))
 
 
-def _compile_all(patterns: list[Pattern], cache_dir: str = "off") -> tuple[list[CompiledVariant], dict[str, str]]:
+def program_float_dtypes(program: Program) -> set[str]:
+    """The float dtypes a program computes in, plus float32 (bf16/fp16 models still have fp32 masks and tables)."""
+    found = {"float32"}
+    for _, d in program.graph.nodes(data=True):
+        dt = d.get("dtype")
+        for x in dt if isinstance(dt, tuple) else (dt,):
+            if x in ("bfloat16", "float16"):
+                found.add(x)
+    return found
+
+
+def _compile_all(patterns: list[Pattern], cache_dir: str = "off",
+                 dtypes: set[str] | None = None) -> tuple[list[CompiledVariant], dict[str, str]]:
     variants: list[CompiledVariant] = []
     errors: dict[str, str] = {}
     for p in patterns:
@@ -99,7 +111,7 @@ def _compile_all(patterns: list[Pattern], cache_dir: str = "off") -> tuple[list[
             errors[p.name] = p.disabled_reason
             continue
         try:
-            variants += compile_pattern(p, cache_dir)
+            variants += compile_pattern(p, cache_dir, dtypes)
         except PatternTraceError as e:
             p.disabled_reason = str(e)
             errors[p.name] = str(e)
@@ -123,7 +135,7 @@ def analyze(program: Program, settings: Settings | None = None) -> Analysis:
 def _analyze(program: Program, settings: Settings) -> Analysis:
     t0 = time.perf_counter()
     patterns = REGISTRY.patterns(settings.disabled_patterns)
-    variants, errors = _compile_all(patterns, settings.cache_dir)
+    variants, errors = _compile_all(patterns, settings.cache_dir, program_float_dtypes(program))
     t1 = time.perf_counter()
     cv = canonicalize(program)
     reach = build_reach(cv)

@@ -132,7 +132,7 @@ class Pattern:
         self.reference = self.reference or self.fn  # the torch function that defines the math
         if not self.implementations:
             self.implementations = [Implementation("default", self.fn)]
-        self._compiled: list | None = None
+        self._compiled: dict[str, list] | None = None  # traced variants per dtype
         self._lock = threading.Lock()
         self.disabled_reason: str | None = None
 

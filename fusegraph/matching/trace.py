@@ -23,7 +23,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import networkx as nx
 import torch
@@ -381,22 +381,45 @@ def _accepted_kwargs(fn: Callable) -> set[str] | None:
     return {p.name for p in sig.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
 
-def compile_pattern(pattern: Pattern, cache_dir: str = "off") -> list[CompiledVariant]:
-    """Every variant of ``pattern`` (cached on it, and on disk under ``cache_dir`` unless it is ``"off"``; see
-    :mod:`.pattern_cache`). Raises :class:`PatternTraceError` if it cannot be traced."""
-    if pattern._compiled is not None:
-        return pattern._compiled
+def compile_pattern(pattern: Pattern, cache_dir: str = "off",
+                    dtypes: Collection[str] | None = None) -> list[CompiledVariant]:
+    """Every variant of ``pattern``, or only those traced in ``dtypes`` (a program's float dtypes: an fp32 model
+    never needs the bf16 and fp16 traces). Cached per dtype on the pattern, and on disk under ``cache_dir`` unless
+    it is ``"off"`` (see :mod:`.pattern_cache`). Raises :class:`PatternTraceError` if it cannot be traced."""
+    out: list[CompiledVariant] = []
+    for dtype in pattern_dtypes(pattern):
+        if dtypes is None or dtype in dtypes:
+            out += _compile_dtype(pattern, cache_dir, dtype)
+    return out
+
+
+def pattern_dtypes(pattern: Pattern) -> list[str]:
+    """The dtypes some implementation of ``pattern`` is traced in, in declaration order."""
+    seen: list[str] = []
+    for impl in pattern.implementations:
+        for d in impl.dtypes or pattern.dtypes:
+            if d not in seen:
+                seen.append(d)
+    return seen
+
+
+def _compile_dtype(pattern: Pattern, cache_dir: str, dtype: str) -> list[CompiledVariant]:
+    done = pattern._compiled or {}
+    if dtype in done:
+        return done[dtype]
     with _lock:
-        if pattern._compiled is not None:
-            return pattern._compiled
+        done = pattern._compiled or {}
+        if dtype in done:
+            return done[dtype]
         from . import pattern_cache
 
         root = pattern_cache.cache_root(cache_dir)
         cache_key = pattern_cache.pattern_key(pattern) if root is not None else None
         if cache_key is not None:
+            cache_key = f"{cache_key}-{dtype}"
             cached = pattern_cache.load(root, cache_key, pattern)
             if cached is not None:
-                pattern._compiled = cached
+                pattern._compiled = {**done, dtype: cached}
                 return cached
         variants: list[CompiledVariant] = []
         seen: set = set()
@@ -404,24 +427,25 @@ def compile_pattern(pattern: Pattern, cache_dir: str = "off") -> list[CompiledVa
             if len(slot.options) < 2:
                 raise PatternTraceError(f"slot {s!r} needs at least two options")
         for impl in pattern.implementations:
-            for dtype in impl.dtypes or pattern.dtypes:
-                slot_sigs = {s: [_slot_signature(o, dtype) for o in slot.options.values()]
-                             for s, slot in pattern.slots.items()}
-                for case in impl.cases or pattern.cases:
-                    try:
-                        v = _compile_one(pattern, impl, case, dtype, slot_sigs)
-                    except PatternTraceError as e:
-                        raise PatternTraceError(f"implementation {impl.name!r} ({dtype}, case {dict(case)}): {e}") from None
-                    except Exception as e:  # noqa: BLE001 - any tracing failure is a broken pattern
-                        raise PatternTraceError(
-                            f"implementation {impl.name!r} ({dtype}, case {dict(case)}) failed to trace: "
-                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-                    key = _structure_key(v)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    variants.append(v)
-        pattern._compiled = variants
+            if dtype not in (impl.dtypes or pattern.dtypes):
+                continue
+            slot_sigs = {s: [_slot_signature(o, dtype) for o in slot.options.values()]
+                         for s, slot in pattern.slots.items()}
+            for case in impl.cases or pattern.cases:
+                try:
+                    v = _compile_one(pattern, impl, case, dtype, slot_sigs)
+                except PatternTraceError as e:
+                    raise PatternTraceError(f"implementation {impl.name!r} ({dtype}, case {dict(case)}): {e}") from None
+                except Exception as e:  # noqa: BLE001 - any tracing failure is a broken pattern
+                    raise PatternTraceError(
+                        f"implementation {impl.name!r} ({dtype}, case {dict(case)}) failed to trace: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                key = _structure_key(v)
+                if key in seen:
+                    continue
+                seen.add(key)
+                variants.append(v)
+        pattern._compiled = {**done, dtype: variants}
         if root is not None and cache_key is not None:
             pattern_cache.store(root, cache_key, variants)
         return variants

@@ -33,5 +33,15 @@ def test_a_corrupt_entry_is_a_miss(tmp_path):
     key = pattern_cache.pattern_key(p)
     root = tmp_path / "patterns"
     root.mkdir()
-    (root / f"{key}.pkl").write_bytes(b"not a pickle")
+    (root / f"{key}-float32.pkl").write_bytes(b"not a pickle")  # one entry per traced dtype
     assert compile_pattern(p, str(tmp_path))  # traced again
+
+
+def test_only_the_dtypes_a_program_needs_are_traced(tmp_path):
+    p = Pattern(name="cachetest.scaled_exp2", fn=_scaled_exp, inputs=[Input("x", "T H")], params={"scale": 2.0},
+                dtypes=("float32", "bfloat16", "float16"))
+    fp32 = compile_pattern(p, str(tmp_path), {"float32"})
+    assert set(p._compiled) == {"float32"} and len(list((tmp_path / "patterns").glob("*.pkl"))) == 1
+    both = compile_pattern(p, str(tmp_path), {"float32", "float16"})
+    assert set(p._compiled) == {"float32", "float16"} and len(both) > len(fp32)
+    assert len(compile_pattern(p, "off")) > len(both)  # all dtypes

@@ -104,6 +104,7 @@ class _Lowerer:
         self.host_nodes: set[str] = set()
         self.state: dict[str, str] = {}
         self.aliases: dict[str, str] = {}  # program node -> node whose kernel value it is (in-place writes)
+        self.matched_nodes: set[str] | None = None  # every node some match of the region covers (lazily)
         self._names: set[str] = set()
 
     # ---- values ------------------------------------------------------------------------------------------
@@ -385,8 +386,9 @@ def _unmatched_pieces(L: _Lowerer, pieces: list | None) -> list | None:
     ``x[..., :R]``) needs the whole projection output as its input."""
     if not pieces or any(b <= a for _, rows in pieces for a, b in rows):
         return None
-    matched = set().union(*(m.nodes for m in L.region.matches))
-    return None if any(n in matched for n, _ in pieces) else pieces
+    if L.matched_nodes is None:
+        L.matched_nodes = set().union(*(m.nodes for m in L.region.matches))
+    return None if any(n in L.matched_nodes for n, _ in pieces) else pieces
 
 
 def _grouped_pieces(L: _Lowerer, node: str, shape: tuple) -> list[tuple[str, tuple[tuple[int, int], ...]]] | None:

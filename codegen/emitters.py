@@ -266,16 +266,16 @@ def _rope(ins: ir.Rope, ctx: Context, i: int) -> Emitted:
     v = ctx.var(ins.out)
     e = Emitted(sbuf=3 * lay.FT * T * _bytes(ins.out.dtype), psum_banks=1)
     e.code("rope.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), P=lay.P, FT=lay.FT, T=T,
-           rot=f"{v}_rot", rotation=ctx.consts[f"rotation:{lay.P}:{_rotary_key(ins, lay.P)}:{ins.x.dtype}"],
+           rot=f"{v}_rot", rotation=ctx.consts[f"rotation:{lay.P}:{rotary_key(ins)}:{ins.x.dtype}"],
            x=ctx.var(ins.x),
            a=f"{v}_a", b=f"{v}_b", out=v, dtype=nl_dtype(ins.out.dtype),
            cos=ctx.inputs[f"cos:{lay.FT}"], sin=ctx.inputs[f"sin:{lay.FT}"])
     return e
 
 
-def _rotary_key(ins: ir.Rope, head_dim: int) -> str:
+def rotary_key(ins: ir.Rope) -> str:
     """Which rotation matrix a RoPE uses: rotary dim, ``i`` for the interleaved (pair) rotation."""
-    return f"{ins.rotary_dim or head_dim}{'i' if ins.interleaved else ''}"
+    return f"{ins.rotary_dim or ins.head_dim}{'i' if ins.interleaved else ''}"
 
 
 @emitter(ir.KVWrite)

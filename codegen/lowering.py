@@ -405,7 +405,7 @@ def _grouped_pieces(L: _Lowerer, node: str, shape: tuple) -> list[tuple[str, tup
             break
         src, sshape = nxt[0], t["shape"]
     inner = _last_dim_ranges(L, src, sshape)
-    if not inner or any(b <= a for _, (a, b) in inner):
+    if not inner:
         return None
     return [(n, tuple((g * E + a, g * E + b) for g in range(groups))) for n, (a, b) in inner]
 

@@ -27,7 +27,7 @@ import torch
 from . import ir
 from . import weights as W
 from .bind import ArgSpec, arg_specs
-from .emitters import Context, assign_names, emit
+from .emitters import Context, assign_names, emit, rotary_key
 from .errors import CodegenError
 from .layout import PMAX, Layout
 from .plan import Budget, plan_layouts, sbuf_budget
@@ -58,8 +58,7 @@ def _consts_needed(program: ir.KernelProgram) -> dict[str, torch.Tensor]:
                                                             and any(o.op == "sum" for o in ins.ops)):
             consts["c_ones"] = W.ones(PMAX)
         elif isinstance(ins, ir.Rope):
-            key = (f"c_rot_{ins.head_dim}_{ins.rotary_dim or ins.head_dim}{'i' if ins.interleaved else ''}_"
-                   f"{str(ins.x.dtype).split('.')[-1]}")
+            key = f"c_rot_{ins.head_dim}_{rotary_key(ins)}_{str(ins.x.dtype).split('.')[-1]}"
             consts[key] = W.rotate_half_matrix(ins.head_dim, ins.x.dtype, ins.rotary_dim, ins.interleaved)
         elif isinstance(ins, ir.Experts):
             consts[f"c_sel_{str(ins.weights.dtype).split('.')[-1]}"] = W.token_selectors(T, PMAX, ins.weights.dtype)

@@ -40,6 +40,7 @@ def summarize(session: CaptureSession) -> dict[str, Any]:
         k["count"] += 1
         k["bytes"] += _nbytes(inp.shape, inp.dtype) if inp.kind != InputKind.SCALAR else 0
     ops = prog.op_counts()
+    reuse = session.current_layer_traces()
     return {
         "graphs": [dict(g.to_dict(), executor=session.executors.get(g.index, "eager")) for g in prog.graphs],
         "graph_count": len(prog.graphs) + len(session.refusals),
@@ -52,8 +53,8 @@ def summarize(session: CaptureSession) -> dict[str, Any]:
         "state_writes": {s: prog.graph.nodes[n]["op"] for g in prog.graphs for s, n in g.state_writes.items()},
         "layers": len(prog.layers()),
         "compile_seconds": round(session.compile_seconds, 3),
-        "layer_calls_reusing_traces": {"calls": sum(c for c, _ in session.current_layer_traces().values()),
-                                       "traced": sum(t for _, t in session.current_layer_traces().values())},
+        "layer_calls_reusing_traces": {"calls": sum(c for c, _ in reuse.values()),
+                                       "traced": sum(t for _, t in reuse.values())},
         "recompiles": len(session.superseded),
         "settings": session.settings.to_dict(),
     }

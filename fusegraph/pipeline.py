@@ -52,7 +52,7 @@ def _dynamo_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[Dy
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: Settings) -> Callable:
     """Compile one dynamo graph for fusegraph; returns the callable dynamo will run for it."""
     session = session_for(settings)
-    frame = session.begin_graph()
+    session.begin_graph()
     index = session.reserve_index()
     t0 = time.perf_counter()
     allow_region_fallback(False)  # dynamo's own default again once tracing for fusegraph is over
@@ -70,7 +70,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
 
         aten_gm = to_aten(gm, example_inputs)
         check_static_shapes(aten_gm)
-        add_graph(session.program, aten_gm, index, dyn_inputs, dynamo_nodes).frame = frame
+        add_graph(session.program, aten_gm, index, dyn_inputs, dynamo_nodes)
         session.paths.refresh(session.program)
         session.add_links(index, producers)
         session.add_break(index, reason)

@@ -8,16 +8,18 @@ import torch
 
 from fusegraph.matching import Input, register_pattern
 
+from ._checks import norm_weight
+
 X = Input("x", "T H")
 W = Input("weight", "H", kind="weight")
 B = Input("bias", "H", kind="weight")
 
 
 def _check(m):
-    x, w = m.inputs["x"], m.inputs["weight"]
-    if w.shape is None or len(w.shape) != 1 or x.shape is None or x.shape[-1] != w.shape[0]:
-        return f"weight {w.shape} does not match the normalized dim of x {x.shape}"
-    b = m.inputs.get("bias")
+    ok = norm_weight(m)
+    if ok is not True:
+        return ok
+    w, b = m.inputs["weight"], m.inputs.get("bias")
     if b is not None and tuple(b.shape) != tuple(w.shape):
         return f"bias {b.shape} does not match weight {w.shape}"
     return True

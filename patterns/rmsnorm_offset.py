@@ -7,12 +7,7 @@ import torch
 
 from fusegraph.matching import Input, register_pattern
 
-
-def _check(m):
-    x, w = m.inputs["x"], m.inputs["weight"]
-    if w.shape is None or len(w.shape) != 1 or x.shape is None or x.shape[-1] != w.shape[0]:
-        return f"weight {w.shape} does not match the normalized dim of x {x.shape}"
-    return True
+from ._checks import norm_weight
 
 
 @register_pattern(
@@ -22,7 +17,7 @@ def _check(m):
     inputs=[Input("x", "T H"), Input("weight", "H", kind="weight")],
     params={"eps": 1e-6, "offset": 1.0},
     dims={"T": (3, 5), "H": (16, 40)},
-    check=_check,
+    check=norm_weight,
 )
 def rmsnorm_offset(x, weight, *, eps, offset):
     """``(x.float() * rsqrt(mean(x.float()**2, -1) + eps) * (offset + weight.float())).to(x.dtype)``."""

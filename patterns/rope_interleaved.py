@@ -8,21 +8,13 @@ import torch
 
 from fusegraph.matching import Input, register_pattern
 
+from ._checks import partial_rotary
+
 
 def rotate_pairs(x):
     x1 = x[..., 0::2]
     x2 = x[..., 1::2]
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
-
-
-def _check_partial(m):
-    x, cos = m.inputs["x"], m.inputs["cos"]
-    if x.shape is None or cos.shape is None:
-        return "unknown shapes"
-    R, D = cos.shape[-1], x.shape[-1]
-    if not 0 < R < D or R % 2:
-        return f"rotary dim {R} must be even and smaller than the head size {D}"
-    return True
 
 
 @register_pattern(
@@ -51,7 +43,7 @@ def _fp32(x, cos, sin):
     priority=16,
     inputs=[Input("x", "B N S D"), Input("cos", "B 1 S R"), Input("sin", "B 1 S R")],
     dims={"B": (1, 2), "N": (3, 5), "S": (1, 3), "D": (12, 22), "R": (8, 12)},
-    check=_check_partial,
+    check=partial_rotary,
 )
 def rope_interleaved_partial(x, cos, sin):
     """``cat((rope_interleaved(x[..., :R]), x[..., R:]), -1)`` with ``R = cos.shape[-1]``."""

@@ -9,17 +9,8 @@ import torch
 
 from fusegraph.matching import Input, register_pattern
 
+from ._checks import partial_rotary
 from .rope import rotate_half
-
-
-def _check(m):
-    x, cos = m.inputs["x"], m.inputs["cos"]
-    if x.shape is None or cos.shape is None:
-        return "unknown shapes"
-    R, D = cos.shape[-1], x.shape[-1]
-    if not 0 < R < D or R % 2:
-        return f"rotary dim {R} must be even and smaller than the head size {D}"
-    return True
 
 
 @register_pattern(
@@ -28,7 +19,7 @@ def _check(m):
     priority=16,
     inputs=[Input("x", "B N S D"), Input("cos", "B 1 S R"), Input("sin", "B 1 S R")],
     dims={"B": (1, 2), "N": (3, 5), "S": (1, 3), "D": (12, 22), "R": (8, 12)},
-    check=_check,
+    check=partial_rotary,
 )
 def rope_partial(x, cos, sin):
     """``cat((x[..., :R] * cos + rotate_half(x[..., :R]) * sin, x[..., R:]), -1)`` with ``R = cos.shape[-1]``."""

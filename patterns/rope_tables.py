@@ -7,15 +7,12 @@ INV_FREQ = Input("inv_freq", "F", dtype="float32", kind="buffer")
 POSITIONS = Input("position_ids", "B S", dtype="int64")
 
 
-@register_pattern(
-    "fusegraph.rope_tables",
-    template="rope_tables",
-    priority=15,
-    inputs=[INV_FREQ, POSITIONS],
-    outputs=("cos", "sin"),
-    params={"attention_scaling": 1.0},
-    dims={"F": (4, 10), "B": (2, 3), "S": (1, 3)},
-)
+#: the two table patterns differ only in how the frequencies are laid out
+TABLES = dict(template="rope_tables", priority=15, inputs=[INV_FREQ, POSITIONS], outputs=("cos", "sin"),
+              params={"attention_scaling": 1.0}, dims={"F": (4, 10), "B": (2, 3), "S": (1, 3)})
+
+
+@register_pattern("fusegraph.rope_tables", **TABLES)
 def rope_tables(inv_freq, position_ids, *, attention_scaling, dtype):
     """transformers 5: ``freqs = pos[..., None].float() * inv_freq``; cos/sin of ``cat(freqs, freqs)`` scaled."""
     freqs = position_ids[..., None].float() * inv_freq.to(dtype=torch.float)
@@ -37,15 +34,7 @@ def _matmul(inv_freq, position_ids, *, attention_scaling, dtype):
     return cos.to(dtype=dtype), sin.to(dtype=dtype)
 
 
-@register_pattern(
-    "fusegraph.rope_tables_interleaved",
-    template="rope_tables",
-    priority=15,
-    inputs=[INV_FREQ, POSITIONS],
-    outputs=("cos", "sin"),
-    params={"attention_scaling": 1.0},
-    dims={"F": (4, 10), "B": (2, 3), "S": (1, 3)},
-)
+@register_pattern("fusegraph.rope_tables_interleaved", **TABLES)
 def rope_tables_interleaved(inv_freq, position_ids, *, attention_scaling, dtype):
     """Cohere: each frequency repeated for its pair (``repeat_interleave``) instead of the two halves, for the
     interleaved rotation (:mod:`.rope_interleaved`)."""

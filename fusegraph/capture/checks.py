@@ -30,6 +30,12 @@ def _source_name(node: fx.Node) -> str:
     return name or node.name
 
 
+def _module(node: fx.Node) -> str:
+    """The innermost module an op ran in, for messages."""
+    where = node.meta.get("nn_module_stack")
+    return list(where.values())[-1][0] if where else "the step"
+
+
 def _is_symbolic(v: Any) -> bool:
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return True
@@ -63,10 +69,8 @@ def check_capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
         vals = val if isinstance(val, (list, tuple)) else [val]
         for v in vals:
             if isinstance(v, torch.Tensor) and v.dtype not in SUPPORTED_DTYPES:
-                where = n.meta.get("nn_module_stack")
-                mod = list(where.values())[-1][0] if where else "the step"
                 raise CaptureRefused(
-                    f"unsupported dtype {str(v.dtype).replace('torch.', '')} (node {n.name} in {mod}); "
+                    f"unsupported dtype {str(v.dtype).replace('torch.', '')} (node {n.name} in {_module(n)}); "
                     "Trainium kernels support fp32/bf16/fp16 and integer types"
                 )
     if not any(n.op == "call_function" or n.op == "call_method" or n.op == "call_module" for n in gm.graph.nodes):
@@ -81,10 +85,8 @@ def check_static_shapes(aten_gm: fx.GraphModule) -> None:
         val = n.meta.get("val")
         for v in val if isinstance(val, (list, tuple)) else [val]:
             if isinstance(v, torch.Tensor) and _is_symbolic(v):
-                where = n.meta.get("nn_module_stack")
-                mod = list(where.values())[-1][0] if where else "the step"
                 raise CaptureRefused(
-                    f"dynamic shapes are not supported ({n.name} in {mod} has a symbolic size "
+                    f"dynamic shapes are not supported ({n.name} in {_module(n)} has a symbolic size "
                     f"{tuple(v.shape)}); compile with dynamic=False"
                 )
 

@@ -64,19 +64,18 @@ class CaptureSession:
         with self._lock:
             return next(self._next)
 
-    def begin_graph(self) -> tuple[int, int] | None:
+    def begin_graph(self) -> None:
         """Note the dynamo frame of the graph being compiled; a recompile of a frame that already has a graph in
         the current version starts a new version of the step (the new graph replaces the old one: linking
         them, or reporting both as parts of one step, would be wrong)."""
         frame = current_frame_compile()
         if frame is None:
-            return None
+            return
         if frame[1] > 0 and frame[0] in self._frames:
             log.debug("frame %d compiled again (compile %d): new version of the step", *frame)
             self.superseded.append(StepVersion(self.program, self.refusals))
             self.program, self.refusals, self._frames = Program(), [], set()
         self._frames.add(frame[0])
-        return frame
 
     def current_layer_traces(self) -> dict[int, tuple[int, int]]:
         indices = {g.index for g in self.program.graphs}
@@ -110,11 +109,11 @@ class CaptureSession:
 
     def add_links(self, graph_index: int, producers: dict[int, tuple[int, int, bool]]) -> None:
         prog = self.program
-        dst = next((g for g in prog.graphs if g.index == graph_index), None)
+        dst = prog.find(graph_index)
         if dst is None:
             return
         for pos, (g, k, glue_free) in producers.items():
-            src = next((c for c in prog.graphs if c.index == g), None)
+            src = prog.find(g)
             if src is None or pos >= len(dst.inputs):
                 continue
             out = src.outputs[k] if k < len(src.outputs) else None

@@ -202,21 +202,21 @@ class _Run:
         for name, src in plan.lowered.args.items():
             spec = gen.specs[name]
             whole = env[src.node]
-            t = src.value(whole)
             if state_override and name in state_override:
                 out[name] = state_override[name]
                 continue
             if spec.transform is not None:
-                key = (id(whole), whole._version)  # the model's tensor (t may be a fresh view of some of its rows)
+                # keyed by the model's tensor: its rows (src.value) are only taken again when it changed
+                key = (id(whole), whole._version)
                 cached = plan.prepared.get(name)
                 if cached is None or cached[:2] != key:
                     with torch.no_grad():
-                        plan.prepared[name] = (*key, spec.transform(t.detach()).contiguous())
+                        plan.prepared[name] = (*key, spec.transform(src.value(whole).detach()).contiguous())
                 out[name] = plan.prepared[name][2]
             elif src.kind == "state":
-                out[name] = t
+                out[name] = src.value(whole)
             else:
-                out[name] = marshal_input(src, spec.dtype, t)
+                out[name] = marshal_input(src, spec.dtype, src.value(whole))
         return out
 
     def _launch(self, plan: KernelPlan, env: dict, state_override: dict | None = None) -> dict[str, torch.Tensor]:

@@ -147,22 +147,13 @@ def _is_identity(op: str, d: dict, src: dict | None) -> bool:
     return False
 
 
-def _numel(shape: Any) -> int | None:
-    if _rank(shape) is None or not all(isinstance(s, int) for s in shape):
-        return None
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _sole_nonempty_operand(op: str, d: dict, refs: list, G: nx.DiGraph) -> str | None:
     """The operand a ``cat`` is equal to when every other operand is empty: partial-rotary RoPE code (Phi-3, GLM,
     StableLM...) concatenates the rotated part with an empty pass-through slice when the rotary dim is the whole
     head, which is otherwise the plain RoPE."""
     if op != "aten.cat.default" or len(refs) < 2:
         return None
-    full = [src for _, src in refs if _numel(G.nodes[src].get("shape")) != 0]
+    full = [src for _, src in refs if 0 not in (G.nodes[src].get("shape") or (1,))]
     if len(full) != 1 or len(refs) != len({src for _, src in refs}):
         return None
     s = G.nodes[full[0]]

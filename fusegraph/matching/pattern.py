@@ -147,7 +147,7 @@ class Pattern:
     def call_reference(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Any:
         """Run the torch reference on named inputs and a match's params (slot names resolve to callables)."""
         fn = self.reference_fn
-        accepted = _keyword_names(fn)
+        accepted = keyword_names(fn)
         kwargs: dict[str, Any] = {}
         for k, v in params.items():
             if k in self.slots and isinstance(v, str):
@@ -192,7 +192,8 @@ class Pattern:
         return f"Pattern({self.name!r}, template={self.template!r}, priority={self.priority})"
 
 
-def _keyword_names(fn: Callable) -> set[str] | None:
+def keyword_names(fn: Callable) -> set[str] | None:
+    """The names ``fn`` accepts as keywords; None when it takes ``**kwargs`` (or has no readable signature)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):

@@ -30,7 +30,7 @@ import torch
 
 from ..program import Program
 from .canonicalize import HAZARD, CanonicalView, canonicalize
-from .pattern import Implementation, Input, Pattern
+from .pattern import Implementation, Input, Pattern, keyword_names
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def _compile_one(pattern: Pattern, impl: Implementation, case: Mapping[str, Any]
             static[k] = case[k]
     slots_a = {s: next(iter(slot.options.values())) for s, slot in pattern.slots.items()}
     slots_b = {s: list(slot.options.values())[1] for s, slot in pattern.slots.items()}
-    accepted = _accepted_kwargs(impl.fn)
+    accepted = keyword_names(impl.fn)
     weights = frozenset(i.name for i in inputs if i.kind == "weight")
     names = [i.name for i in inputs]
 
@@ -367,18 +367,6 @@ def _same(p: Any, v: Any) -> bool:
         except (TypeError, ValueError):
             return False
     return p == v
-
-
-def _accepted_kwargs(fn: Callable) -> set[str] | None:
-    import inspect
-
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
-        return None
-    return {p.name for p in sig.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
 
 def compile_pattern(pattern: Pattern, cache_dir: str = "off",

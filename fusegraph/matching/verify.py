@@ -85,9 +85,9 @@ def verify_pattern(pattern: Pattern, dtype: str = "float32", seed: int = 0) -> l
             params = {**pattern.params, **{k: v for k, v in case.items() if k not in dims and k != "_device"}}
             slot_values = {s: next(iter(slot.options)) for s, slot in pattern.slots.items()}
             kw = {**params, **{s: pattern.slots[s].options[v] for s, v in slot_values.items()}, "dtype": dt}
-            from .trace import _accepted_kwargs
+            from .pattern import keyword_names
 
-            acc = _accepted_kwargs(impl.fn)
+            acc = keyword_names(impl.fn)
             got = impl.fn(*[args[i.name].clone() for i in inputs],
                           **({k: v for k, v in kw.items() if acc is None or k in acc}))
             ref_args = {}
@@ -97,7 +97,7 @@ def verify_pattern(pattern: Pattern, dtype: str = "float32", seed: int = 0) -> l
                     ref_args[name] = _as_reference_input(args[name].clone(), want)
                 else:
                     ref_args[name] = None
-            acc_ref = _accepted_kwargs(pattern.reference_fn)
+            acc_ref = keyword_names(pattern.reference_fn)
             ref = pattern.reference_fn(*[ref_args[i.name] for i in pattern.inputs],
                                        **({k: v for k, v in kw.items() if acc_ref is None or k in acc_ref}))
             gots = got if isinstance(got, tuple) else (got,)
@@ -130,9 +130,9 @@ def verify_match(match: Match, values: Mapping[str, torch.Tensor], before: Mappi
             ref_dtype = first.dtype if first is not None and first.dtype.is_floating_point else t.dtype
         args[spec.name] = _as_reference_input(t, ref_dtype)
     params = dict(match.params)
-    from .trace import _accepted_kwargs
+    from .pattern import keyword_names
 
-    acc = _accepted_kwargs(p.reference_fn)
+    acc = keyword_names(p.reference_fn)
     if (acc is None or "dtype" in acc) and "dtype" not in params:
         params["dtype"] = "float32"  # a form without a dtype (a boolean mask): compared as "reference == 0"
     try:

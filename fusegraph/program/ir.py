@@ -137,8 +137,6 @@ class CapturedGraph:
     aten_node_count: int
     break_reason: str | None = None
     gm: Any = None  # the ATen torch.fx.GraphModule (not serialized)
-    #: (dynamo frame id, compile count of that frame) when known: a recompile has the frame of an earlier graph
-    frame: tuple[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -164,13 +162,16 @@ class Program:
     execution: dict[int, Any] = field(default_factory=dict)
 
     # ---- queries ------------------------------------------------------------------------------------------
+    def find(self, graph_index: int) -> CapturedGraph | None:
+        """The captured graph with this index, if this program has it (indices count every graph of the session,
+        also refused ones and those of earlier versions of the step, so they are not list positions)."""
+        return next((g for g in self.graphs if g.index == graph_index), None)
+
     def captured(self, graph_index: int) -> CapturedGraph:
-        """The captured graph with this index (indices count every graph of the session, also refused ones and
-        those of earlier versions of the step, so they are not list positions)."""
-        for g in self.graphs:
-            if g.index == graph_index:
-                return g
-        raise KeyError(f"graph {graph_index} is not in this program")
+        g = self.find(graph_index)
+        if g is None:
+            raise KeyError(f"graph {graph_index} is not in this program")
+        return g
 
     def op_nodes(self, graph_index: int | None = None) -> Iterator[str]:
         for n, d in self.graph.nodes(data=True):

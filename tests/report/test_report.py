@@ -1,8 +1,10 @@
 """The fused-region report: Python API, JSON after a compile, dry run, CLI, and the documented schema."""
 import json
 import logging
+import os
 import pathlib
 import re
+import sys
 
 import pytest
 import torch
@@ -11,6 +13,9 @@ import fusegraph
 from fusegraph.cli import main
 from fusegraph.models import build_decode
 from fusegraph.report import SCHEMA, Report
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "matching"))
+from fg_cases import BrokenMLP  # noqa: E402  (the shared gated MLP with a graph break)
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 
@@ -69,22 +74,6 @@ def test_dryrun_logs_the_table_and_runs_eagerly(caplog):
     assert any("fused-region report" in r.getMessage() for r in caplog.records)
 
 
-class BrokenMLP(torch.nn.Module):
-    def __init__(self, glue=None):
-        super().__init__()
-        self.gate_proj = torch.nn.Linear(64, 128, bias=False)
-        self.up_proj = torch.nn.Linear(64, 128, bias=False)
-        self.down_proj = torch.nn.Linear(128, 64, bias=False)
-        self.glue = glue
-
-    def forward(self, x):
-        h = torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x)
-        torch._dynamo.graph_break()
-        if self.glue is not None:
-            self.glue(h)
-        return x + self.down_proj(h)
-
-
 def test_breaks_and_their_cost_are_reported():
     x = torch.randn(1, 1, 64)
     d = fusegraph.explain(BrokenMLP(), x).to_dict()
@@ -99,12 +88,12 @@ def test_breaks_and_their_cost_are_reported():
     def glue(h):
         h.add_(1.0)
 
-    d = fusegraph.explain(BrokenMLP(glue), x, options={"min_region_size": 1}).to_dict()
+    d = fusegraph.explain(BrokenMLP(glue=glue), x, options={"min_region_size": 1}).to_dict()
     (b,) = d["breaks"]
     assert not b["glue_free"] and b["spanned_by_regions"] == [] and b["extra_boundaries"] == 1
     assert b["hbm_round_trip_bytes"] == b["crossing_bytes"] > 0
     assert d["boundaries_per_step"] == 2
-    assert "Python glue computes on them" in fusegraph.explain(BrokenMLP(glue), x).format()
+    assert "Python glue computes on them" in fusegraph.explain(BrokenMLP(glue=glue), x).format()
 
 
 def test_unmatched_ops_are_grouped_with_reasons():

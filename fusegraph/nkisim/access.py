@@ -47,8 +47,12 @@ def grid(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.nd
 # ---------------------------------------------------------------------------- index values
 
 
-def index_values(ctx, index: object, kind: str, count: int, limit: int, target_label: str, where) -> np.ndarray:
-    """Runtime index values: ``count`` int64 values from an index tensor or a register (``where``: callable)."""
+def index_values(ctx, index: object, kind: str, count: int, limit: int, target_label: str, where,
+                 column_major: bool = False) -> np.ndarray:
+    """Runtime index values: ``count`` int64 values from an index tensor or a register (``where``: callable).
+
+    ``column_major``: read a 2-D index tile column by column (``indices.T.flatten()``, the order of an indirect
+    ``dma_transpose``) and keep the first ``count`` values."""
     if isinstance(index, VirtualRegister):
         if index.value is None:
             raise NkiValidationError(f"register {index.name} used as an index before it was written", rule="register",
@@ -63,7 +67,8 @@ def index_values(ctx, index: object, kind: str, count: int, limit: int, target_l
             location=where(),
         )
     if ctx.shape_only or index._st.abstract:
-        positions = grid(index.shape, index._strides, index._offset).reshape(-1)
+        positions = grid(index.shape, index._strides, index._offset)
+        positions = (positions.T if column_major else positions).reshape(-1)[:count]
         req = assume_mod.AssumeRequest(
             name=index._st.name or index._st.label,
             kind=kind,
@@ -74,7 +79,8 @@ def index_values(ctx, index: object, kind: str, count: int, limit: int, target_l
         )
         vals = assume_mod.resolve(ctx.run.assume, req)
     else:
-        vals = np.asarray(np_view(index)).reshape(-1).astype(np.int64)
+        vals = np.asarray(np_view(index))
+        vals = (vals.T if column_major else vals).reshape(-1)[:count].astype(np.int64)
     if vals.size != count:
         vals = np.resize(vals, count)
     return vals
@@ -103,10 +109,20 @@ def _span(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> tupl
     return lo, hi
 
 
-def resolve_indirect(ctx, t: NkiTensor, mode: oob_mode, op: str, where) -> Resolved:
-    """Resolve the runtime offsets of an indirect view; ``where`` is a callable giving the error location."""
+def resolve_indirect(ctx, t: NkiTensor, mode: oob_mode, op: str, where, gather_transpose: bool = False) -> Resolved:
+    """Resolve the runtime offsets of an indirect view; ``where`` is a callable giving the error location.
+
+    A ``vector_offset`` index must be ``[P, 1]`` (one row per partition) unless ``gather_transpose`` (an indirect
+    ``dma_transpose``, whose own checks ran): then rows come from ``indices.T.flatten()[:P]``."""
     ind = t._ind
-    assert ind is not None
+    if ind.kind == "vector" and not gather_transpose:
+        idx = ind.index
+        if idx.size != t.shape[0] or idx.shape[0] != t.shape[0]:
+            raise NkiValidationError(
+                f"{op}: vector_offset shape {idx.shape} must be [P, 1] with P = {t.shape[0]} (the first pattern dim)",
+                rule="ap",
+                location=where(),
+            )
     limit_elems = t._st.nbytes // t.dtype.itemsize
     if ind.kind == "scalar":
         lo, hi = _span(t.shape, t._strides, t._offset)
@@ -126,7 +142,8 @@ def resolve_indirect(ctx, t: NkiTensor, mode: oob_mode, op: str, where) -> Resol
     # vector: the first pattern dim is replaced by the per-partition row index
     lo, hi = _span(t.shape[1:], t._strides[1:], t._offset)
     lim = (limit_elems - 1 - hi) // ind.mult + 1 if ind.mult else 0
-    rows = index_values(ctx, ind.index, "vector", t.shape[0], max(lim, 0), t._st.label, where)
+    rows = index_values(ctx, ind.index, "vector", t.shape[0], max(lim, 0), t._st.label, where,
+                        column_major=gather_transpose)
     row_ok = (rows * ind.mult + lo >= 0) & (rows * ind.mult + hi < limit_elems)
     valid = None
     if not row_ok.all():
@@ -149,6 +166,59 @@ def resolve_indirect(ctx, t: NkiTensor, mode: oob_mode, op: str, where) -> Resol
     return Resolved(addr=addr, valid=valid)
 
 
+# ---------------------------------------------------------------------------- engine operands with a runtime offset
+
+
+def resolve_engine_offset(ctx, t: NkiTensor, op: str, where) -> NkiTensor:
+    """The direct view an engine (compute) instruction accesses for an on-chip ``.ap(scalar_offset=...)`` view.
+
+    ``tensor_copy_dynamic_src/dst`` were replaced by ``tensor_copy`` with ``.ap(scalar_offset=)`` (0.3.0 update
+    guide): the runtime value moves the access *within each partition* by ``value * prod(shape[indirect_dim+1:])``
+    elements; leaving the partition's allocation is an out-of-bounds access.  The value is read once per
+    instruction (cached in ``ctx.ind_cache``, cleared when the next instruction starts)."""
+    hit = ctx.ind_cache.get(id(t))
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    ind = t._ind
+    st = t._st
+    isz = t.dtype.itemsize
+    static = geometry(NkiTensor(st, t.shape, t._strides, t._offset, t.dtype))
+    lo, hi = static.free_lo, static.free_hi  # bytes within the partition
+    step = ind.mult * isz
+    limit = (st.free_bytes - hi) // step + 1 if step else 0
+    v = int(index_values(ctx, ind.index, "scalar", 1, max(limit, 0), st.label, where)[0])
+    shift = v * step
+    if lo + shift < 0 or hi + shift > st.free_bytes:
+        raise NkiValidationError(
+            f"{op}: runtime scalar_offset value {v} (x{ind.mult} elements) moves the access to bytes "
+            f"[{lo + shift}, {hi + shift}) of each partition, outside the {st.free_bytes} bytes per partition of "
+            f"'{st.label}'",
+            rule="out-of-bounds",
+            location=where(),
+        )
+    view = NkiTensor(st, t.shape, t._strides, t._offset + v * ind.mult, t.dtype)
+    ctx.ind_cache[id(t)] = (t, view)
+    return view
+
+
+def cached_engine_view(ctx, t: NkiTensor) -> NkiTensor | None:
+    """The view resolved for ``t`` by the running instruction, if any."""
+    hit = ctx.ind_cache.get(id(t)) if ctx is not None else None
+    return hit[1] if hit is not None and hit[0] is t else None
+
+
+def _direct(ctx, t: NkiTensor) -> NkiTensor:
+    """Direct view for an indirect view read/written outside a DMA (engine operands)."""
+    if t._ind.kind == "scalar" and t._st.buffer.on_chip:
+        return resolve_engine_offset(ctx, t, "instruction", ctx.where)
+    raise NkiValidationError(
+        f"a {t._ind.kind}_offset view of '{t._st.label}' ({t._st.buffer.name}) can only be accessed by a DMA "
+        f"instruction here (engines take a scalar_offset on SBUF/PSUM operands)",
+        rule="dynamic-offset",
+        location=ctx.where(),
+    )
+
+
 # ---------------------------------------------------------------------------- read / write
 
 
@@ -156,7 +226,8 @@ def read(ctx, t: NkiTensor, res: Resolved | None = None) -> np.ndarray:
     """Values of a view in its storage dtype (a view or a copy; never written through)."""
     if t._ind is None:
         return np_view(t)
-    assert res is not None
+    if res is None:
+        return np_view(_direct(ctx, t))
     if res.view is not None:
         return np_view(res.view)
     return t._st.flat(t.dtype)[res.addr]
@@ -177,7 +248,9 @@ def write(ctx, t: NkiTensor, values: np.ndarray, res: Resolved | None = None) ->
     if t._ind is None:
         np_view(t)[...] = vals
         return
-    assert res is not None
+    if res is None:
+        np_view(_direct(ctx, t))[...] = vals
+        return
     if res.skip:
         return
     if res.view is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .access import Geo, geometry, merged_dims
+from .access import Geo, cached_engine_view, geometry, merged_dims, resolve_engine_offset
 from .context import ProgramContext, current
 from .enums import MemoryRegion
 from .errors import NkiValidationError
@@ -63,6 +63,8 @@ class Instr:
         self.name = name
         self.ctx: ProgramContext = current(name)
         self.inputs: dict[str, str] = {}
+        if self.ctx.ind_cache:
+            self.ctx.ind_cache.clear()
 
     @property
     def data(self) -> bool:
@@ -97,6 +99,8 @@ class Instr:
         if buf not in allowed:
             names = "/".join(b.name.upper() for b in allowed)
             raise self.fail(f"{arg} must be in {names}, got a tensor in {buf.name}", "buffer")
+        if t._ind is not None and compute:
+            t = self._engine_view(t, arg)
         g = geometry(t)
         if g.partitions > MAX_PARTITIONS:
             raise self.fail(f"{arg} partition dimension {g.partitions} exceeds maximum {MAX_PARTITIONS}", "partition-dim")
@@ -138,6 +142,26 @@ class Instr:
                         "access-pattern",
                     )
         return g
+
+    def _engine_view(self, t: NkiTensor, arg: str) -> NkiTensor:
+        """Resolve the runtime ``scalar_offset`` of an engine operand (the checks then see the real access)."""
+        ind = t._ind
+        if ind.kind != "scalar":
+            raise self.fail(f"{arg}: vector_offset indirection is only available to DMA instructions", "dynamic-offset")
+        if ind.dim == 0:
+            raise self.fail(
+                f"{arg}: a runtime scalar_offset with indirect_dim=0 would move an engine operand across partitions; "
+                f"engines take dynamic offsets within each partition (indirect_dim >= 1), use a DMA to move data "
+                f"to a runtime partition",
+                "dynamic-offset",
+            )
+        return resolve_engine_offset(self.ctx, t, self.name, self.ctx.where)
+
+    def view(self, t: NkiTensor) -> NkiTensor:
+        """The direct view this instruction accesses for ``t`` (``t`` itself unless it has a runtime offset)."""
+        if t._ind is None:
+            return t
+        return cached_engine_view(self.ctx, t) or t
 
     def align(self, inputs: list[tuple[str, Geo]], output: tuple[str, Geo] | None) -> None:
         """Partition alignment of a Vector/Scalar/GpSimd instruction."""

@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an NKI kernel file on CPU with fusegraph's interpreter (import nki resolves to it).",
     )
     p.add_argument("file", help="Python file to execute as __main__")
-    p.add_argument("--target", default=None, help="trn2|gen3 or trn3|gen4 (default: NEURON_PLATFORM_TARGET_OVERRIDE or trn2)")
+    p.add_argument("--target", default=None,
+                   help="trn2|gen3 or trn3|gen4 (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn3 as nki.simulate)")
     p.add_argument("--lnc", type=int, choices=(1, 2), default=None, help="default LNC for kernels called without [lnc]")
     p.add_argument("--profile", default=None, help="write the profiles of all kernel runs to this JSON file")
     return p

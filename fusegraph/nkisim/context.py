@@ -59,6 +59,8 @@ class ProgramContext:
         self.alloc_seq = 0
         self.collective_seq = 0
         self.sendrecv_seq: dict[int, int] = {}
+        # runtime-offset views resolved by the running instruction: id(view) -> (view, direct view)
+        self.ind_cache: dict[int, tuple[Any, Any]] = {}
 
     # ---- location helpers (hot path) ----
     def where(self, depth: int = 3) -> str:

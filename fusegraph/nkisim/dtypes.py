@@ -167,6 +167,45 @@ def get(x: Any) -> DType:
     return _canonical(x)
 
 
+def promote(a: DType, b: DType) -> DType:
+    """Result dtype of an arithmetic ``nl.*`` call on tiles of dtypes ``a`` and ``b`` (order-independent).
+
+    The "NKI Type Promotion" table (nki.api.shared.rst until aws-neuron-sdk db1586c3; the 2.29 ``nl`` docstrings
+    still refer to it): (float, int) -> the float; (float, float) -> the wider float, or a widened type that fits
+    both ranges: fp16 + bf16 -> fp32, two different fp8 -> bf16, fp8 + fp16/bf16 -> the 16-bit type, tf32 beats
+    the 16-bit types; (int, int) -> the wider int, mixed signedness widens to the next signed type (int8 + uint8
+    -> int16, int8/int16 + uint16 -> int32) and int32 + uint32 (or any signed + uint32) -> fp32 (no int64)."""
+    if a is b:
+        return a
+    if a.is_packed or b.is_packed:
+        raise NkiValidationError(f"cannot compute on packed dtypes {a.name} and {b.name}", rule="dtype")
+    if a.is_float != b.is_float:
+        return a if a.is_float else b
+    if a.is_float:
+        return _promote_float(a, b)
+    return _promote_int(a, b)
+
+
+def _promote_float(a: DType, b: DType) -> DType:
+    rank = {"float32": 4, "tfloat32": 3, "float16": 2, "bfloat16": 2}
+    ra, rb = rank.get(a.name, 1), rank.get(b.name, 1)  # fp8 types rank 1
+    if ra != rb:
+        return a if ra > rb else b
+    if ra == 2:  # fp16 vs bf16: neither holds the other's range/precision
+        return float32
+    return bfloat16  # two different fp8 formats
+
+
+def _promote_int(a: DType, b: DType) -> DType:
+    sa, sb = a.name.startswith("int"), b.name.startswith("int")  # bool_ counts as uint8
+    if sa == sb:
+        return a if a.itemsize >= b.itemsize else b
+    signed, unsigned = (a, b) if sa else (b, a)
+    if signed.itemsize > unsigned.itemsize:
+        return signed
+    return {1: int16, 2: int32}.get(unsigned.itemsize, float32)
+
+
 def is_fp32_like(d: DType) -> bool:
     return d is float32 or d is tfloat32
 
@@ -193,10 +232,20 @@ def cast_to(values: np.ndarray, d: DType) -> np.ndarray:
     if d.is_int:
         vals = np.asarray(values)
         if vals.dtype.kind == "f":
-            info = np.iinfo(d.np)
-            vals = np.clip(np.nan_to_num(np.rint(vals), nan=0.0), info.min, info.max)
+            return float_to_int(vals, d)
         return vals.astype(d.np)
     return np.asarray(values).astype(d.np)
+
+
+def float_to_int(values: np.ndarray, d: DType) -> np.ndarray:
+    """Round to nearest even and saturate float values into integer dtype ``d`` (NaN -> 0).
+
+    Clipping happens in float64: in float32 the bound ``2**31 - 1`` rounds up to ``2**31`` (and ``2**32 - 1`` to
+    ``2**32``), whose conversion wraps to INT_MIN / 0, so large values and +inf used to come out negative."""
+    info = np.iinfo(d.np)
+    v = np.rint(np.asarray(values, dtype=np.float64))
+    v = np.nan_to_num(v, nan=0.0, posinf=float(info.max), neginf=float(info.min))
+    return np.clip(v, float(info.min), float(info.max)).astype(d.np)
 
 
 def to_f32(values: np.ndarray) -> np.ndarray:

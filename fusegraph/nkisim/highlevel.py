@@ -23,9 +23,7 @@ from .tensor import NkiTensor
 def _promote(tiles: list[NkiTensor]) -> dt.DType:
     best = tiles[0].dtype
     for t in tiles[1:]:
-        d = t.dtype
-        if (d.is_float, d.itemsize) > (best.is_float, best.itemsize):
-            best = d
+        best = dt.promote(best, t.dtype)
     return best
 
 

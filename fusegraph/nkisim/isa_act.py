@@ -5,6 +5,7 @@ ScalarE ``activation`` computes ``op(data * scale + bias)`` in float32 and can r
 free axes into 128 per-lane accumulator registers that persist between instructions (``reduce_cmd``);
 ``reduce_res`` reads the registers out (profiled as one extra instruction).  VectorE ``exponential`` (trn3
 only) has its own accumulators (shared with select_reduce/range_select/tensor_scalar_cumulative).
+Inputs outside an activation function's documented Valid Input Range raise (rule ``activation-range``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,30 @@ def _activate(I: Instr, spec, data, bias, scale, P: int) -> np.ndarray:
     x = x * s
     if bias is not None:
         x = x + operand_values(I, bias, P)
-    return spec.act(x.astype(np.float32))
+    x = x.astype(np.float32)
+    check_valid_range(I, spec, x)
+    return spec.act(x)
+
+
+def check_valid_range(I: Instr, spec, x: np.ndarray) -> None:
+    """Raise (rule ``activation-range``) when an activation input leaves the function's documented Valid Input
+    Range: the ScalarE piecewise-polynomial approximation "will generate invalid output results" there
+    (nki.api.shared.rst), so an exact result would hide a kernel that is wrong on hardware.  NaN inputs are not
+    flagged (they propagate as NaN either way)."""
+    if spec.valid is None:
+        return
+    lo, hi = (np.float32(v) for v in spec.valid)
+    v = np.abs(x) if spec.valid_abs else x
+    bad = (v < lo) | (v > hi)
+    if not bad.any():
+        return
+    p, j = (int(i) for i in np.argwhere(bad)[0])
+    raise I.fail(
+        f"nl.{spec.name} input {float(x[p, j])!r} (data * scale + bias at partition {p}, element {j}; "
+        f"{int(bad.sum())} element(s) in all) is outside its valid input range {spec.valid_text}; the Scalar "
+        f"Engine generates invalid output there (nki.api.shared.rst, Supported Activation Functions)",
+        "activation-range",
+    )
 
 
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,

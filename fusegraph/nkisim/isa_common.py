@@ -9,6 +9,7 @@ import numpy as np
 from . import access
 from . import dtypes as dt
 from .checks import PSUM, Instr
+from .context import maybe_current
 from .enums import MemoryRegion, engine, require_enum
 from .opsdef import OpSpec, spec_of
 from .storage import PSUM_MATMUL, PSUM_OTHER
@@ -165,8 +166,12 @@ def psum_state_view(t: NkiTensor) -> np.ndarray:
 
 def mark_written(t: NkiTensor, by_matmul: bool = False) -> None:
     """Record that an instruction wrote ``t`` (PSUM only): resets the matmul accumulation state."""
-    if t._st.buffer is not MemoryRegion.psum or t._ind is not None:
+    if t._st.buffer is not MemoryRegion.psum:
         return
+    if t._ind is not None:  # a runtime-offset operand: mark what the running instruction resolved
+        t = access.cached_engine_view(maybe_current(), t)
+        if t is None:
+            return
     psum_state_view(t)[...] = PSUM_MATMUL if by_matmul else PSUM_OTHER
 
 

@@ -3,8 +3,10 @@
 Rules enforced (SDK 2.29): no DMA from or to PSUM (copy PSUM->SBUF with ``tensor_copy`` first);
 ``dge_mode=hwdge`` requires identical src/dst dtypes (HWDGE moves raw bytes; use ``.view``); ``engine=`` only
 with hwdge (sync or scalar queue); vector-offset gathers/scatters need software DGE (``swdge``, or ``unknown``
-for the compiler to pick); runtime offsets need a DGE mode (not ``none``).  Element counts must match; values
-are converted through float32 when dtypes differ (swdge/none/unknown).
+for the compiler to pick); runtime offsets need a DGE mode (not ``none``); an on-chip ``.ap()`` endpoint keeps
+the partition step equal to the tensor's free size; an indirect ``dma_transpose`` checks its index tile ("DMA
+Indirect Transpose Constraints") and gathers rows in ``indices.T.flatten()`` order.  Element counts must match;
+values are converted through float32 when dtypes differ (swdge/none/unknown).
 
 Profile: one DMA instruction per call with its bytes, partitions, bytes per partition and an estimate of the
 descriptor count (one per contiguous run: ``elements / min(contiguous run of src, dst)``, runs never crossing
@@ -40,7 +42,16 @@ def _endpoint(I: Instr, t: Any, arg: str) -> NkiTensor:
             "dma-psum",
         )
     if t.on_chip:
-        I.onchip(t, arg, compute=False)
+        g = I.onchip(t, arg, compute=False)
+        if t._ap and not g.partition_stride_ok:
+            # access-pattern guide, "Restriction on SBUF/PSUM Tensors": the partition step of an on-chip .ap must
+            # be the element count of the tensor's whole free dimension (partitions are accessed contiguously)
+            raise I.fail(
+                f"{arg} is an .ap() of on-chip tensor '{t._st.label}' with partition step {t._strides[0]} elements; "
+                f"the partition step must be {t._st.free_bytes // t.dtype.itemsize} (the free size of the tensor: "
+                f"partitions cannot be skipped or repeated)",
+                "partition-stride",
+            )
     return t
 
 
@@ -184,6 +195,7 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
             raise I.fail(f"an indirect src needs dge_mode swdge (or unknown), got {mode}", "dge-mode")
         if s.dtype.itemsize != 2 or s.shape[-1] > 128 or not s.buffer.is_hbm:
             raise I.fail("indirect DMA transpose needs a 2-byte HBM src with last dim <= 128", "dge-mode")
+        _check_transpose_indices(I, s)
     else:
         if mode not in (E.dge_mode.hwdge, E.dge_mode.unknown):
             raise I.fail(f"direct DMA transpose supports dge_mode unknown or hwdge, got {mode}", "dge-mode")
@@ -195,11 +207,37 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
                 f"{s.shape} {s.dtype.name}",
                 "dge-mode",
             )
-    rs = access.resolve_indirect(I.ctx, s, oob, I.name, I.where) if s._ind is not None else None
+    rs = (access.resolve_indirect(I.ctx, s, oob, I.name, I.where, gather_transpose=s._ind.kind == "vector")
+          if s._ind is not None else None)
     if I.data:
         vals = np.transpose(np.asarray(access.read(I.ctx, s, rs)), ax)
         access.write(I.ctx, d, np.ascontiguousarray(vals).reshape(d.shape))
     _account(I, "dma_transpose", d, s, "gpsimd" if mode is E.dge_mode.swdge else "auto", _DGE[mode], name)
+
+
+def _check_transpose_indices(I: Instr, s: NkiTensor) -> None:
+    """The "DMA Indirect Transpose Constraints" of the dma_transpose stub (SDK 2.29) on the index tile."""
+    if s._ind.kind != "vector":
+        return
+    idx = s._ind.index
+    P = s.shape[0]
+    if len(s.shape) == 4 and s.shape[1] != 1 and s.shape[2] != 1:
+        raise I.fail(f"a 4-D indirect src needs src.shape[1] or src.shape[2] == 1, got {s.shape}", "shape")
+    if idx.dtype is not dt.uint32:
+        raise I.fail(f"indices (the vector_offset tile) must be uint32, got {idx.dtype.name}", "dtype")
+    if len(idx.shape) != 2:
+        raise I.fail(f"indices must be 2-D, got shape {idx.shape}", "shape")
+    ip, ic = idx.shape
+    if not 16 <= ip <= 128:
+        raise I.fail(f"indices.shape[0] must be in [16, 128], got {ip}", "shape")
+    if ip % 16:
+        raise I.fail(f"indices.shape[0] must be divisible by 16, got {ip}", "shape")
+    if ic > 1 and ip != 128:
+        raise I.fail(f"indices.shape[0] must be exactly 128 when indices.shape[1] > 1, got {idx.shape}", "shape")
+    if P % 16:
+        raise I.fail(f"src.shape[0] must be divisible by 16, got {P}", "shape")
+    if ip * ic < P:
+        raise I.fail(f"indices.shape[0] * indices.shape[1] = {ip * ic} must be >= src.shape[0] = {P}", "shape")
 
 
 def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, name=None):

@@ -335,7 +335,13 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     vals = _pattern_values(I, pattern, gd.partitions, gd.free_elems, offset, channel_multiplier)
     if I.data:
         pred = spec.alu(vals.astype(np.float64), np.float64(0.0)) != 0
-        store(I, dst, np.where(pred, flat2(I, on_true_tile), np.float32(on_false_value)))
+        if on_true_tile.dtype is dst.dtype and not dst.dtype.is_packed:
+            # same dtype: selected elements are moved bit-exactly (the FP32 cast only happens when the dtypes
+            # differ), so int32 values above 2^24 survive; the fp32 on_false_value is converted to dst's dtype
+            false_val = dt.cast_to(np.full((1, 1), on_false_value, dtype=np.float32), dst.dtype)
+            store(I, dst, np.where(pred, raw2(I, on_true_tile), false_val))
+        else:
+            store(I, dst, np.where(pred, flat2(I, on_true_tile), np.float32(on_false_value)))
     I.record("affine_select", "gpsimd", gd.partitions, gd.free_elems, dst.dtype.name, name_arg(name))
 
 

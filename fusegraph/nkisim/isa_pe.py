@@ -2,10 +2,14 @@
 
 ``nc_matmul``: ``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` with K, M <= 128 and N <= 512 on trn2
 (trn3: 4096 fp32 / 8192 bf16); stationary/moving in SBUF, dst in PSUM (fp32; trn3 also bf16); fp32/tf32 inputs
-only pair with fp32/tf32.  Accumulation follows the documented rule: ``accumulate=False`` overwrites,
-``True`` adds, ``None`` decides per PSUM element — the first matmul write overwrites and later matmul writes
-add, until a non-matmul instruction writes that element.  Accumulating (``accumulate=True``) onto PSUM last
-written by a non-matmul instruction is undefined on trn2 and rejected.
+only pair with fp32/tf32.  Accumulation follows the documented rule, decided once per instruction (one
+``acc_flags`` per matmul): ``accumulate=False`` overwrites, ``True`` adds, ``None`` accumulates when the whole
+dst is in an open matmul accumulation group and overwrites when none of it is (a non-matmul write ends the
+group); a partly accumulating dst is rejected.  ``accumulate=True`` onto never-written PSUM (any target) or onto
+PSUM last written by a non-matmul instruction (trn2) is undefined and rejected.
+
+fp8 Tensor Engine transposes (``nc_transpose`` on the PE, ``nc_matmul(is_transpose=True)``) on trn2 write
+16-bit PSUM elements with a zero upper byte (Trainium2 architecture guide).
 
 Tiling mode: ``tile_size=(rows, cols)`` in {32, 64, 128}, ``tile_position`` multiples of the sizes; the
 stationary/moving operands must start on partition ``start_row`` and ``dst`` on PSUM partition
@@ -18,11 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import access
+from . import dtypes as dt
 from . import enums as E
 from .checks import PSUM, SBUF, Instr
 from .enums import engine, matmul_perf_mode, require_enum
 from .isa_common import mark_written, name_arg, psum_state_view
-from .storage import PSUM_MATMUL, PSUM_OTHER
+from .storage import PSUM_FRESH, PSUM_MATMUL, PSUM_OTHER
 
 _FP32ISH = ("float32", "tfloat32")
 _FP8 = ("float8_e4m3", "float8_e5m2")
@@ -126,13 +131,9 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             f"tile_position=(row, {gd.start_partition}) (PE column j writes PSUM partition j)",
             "matmul-tile",
         )
-    state = psum_state_view(dst)[..., 0].reshape(M, N)
-    if accumulate is True and not t.psum_accumulate_after_non_matmul_write and (state == PSUM_OTHER).any():
-        raise I.fail(
-            f"accumulate=True onto PSUM last written by a non-matmul instruction (memset/tensor_copy/...) is "
-            f"undefined on {t.name}",
-            "matmul-accumulate",
-        )
+    dview = I.view(dst)
+    wide = _fp8_pe_transpose_out(I, dview) if is_transpose else None
+    acc = _accumulate_flag(I, accumulate, psum_state_view(dview)[..., 0].reshape(M, N))
     if I.data:
         s = access.read_f32(I.ctx, stationary).reshape(K, -1)
         m = access.read_f32(I.ctx, moving).reshape(K, -1)
@@ -140,14 +141,98 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             s = s.reshape(K, 2, M).transpose(1, 0, 2).reshape(2 * K, M)
             m = m.reshape(K, 2, N).transpose(1, 0, 2).reshape(2 * K, N)
         res = _transpose_exact(s, m) if is_transpose else s.T @ m
-        if accumulate is False:
-            out = res
+        if wide is not None:
+            _write_wide(dview, wide, res)
         else:
-            cur = access.read_f32(I.ctx, dst).reshape(M, N)
-            out = cur + res if accumulate else np.where(state == PSUM_MATMUL, cur + res, res)
-        access.write(I.ctx, dst, out.reshape(dst.shape))
-    mark_written(dst, by_matmul=True)
+            out = access.read_f32(I.ctx, dst).reshape(M, N) + res if acc else res
+            access.write(I.ctx, dst, out.reshape(dst.shape))
+    if wide is not None:
+        _mark_wide(dview, wide)
+    else:
+        mark_written(dst, by_matmul=True)
     I.record("nc_matmul", "tensor", K, N, dd, name_arg(name))
+
+
+def _accumulate_flag(I: Instr, accumulate, state: np.ndarray) -> bool:
+    """The single overwrite/accumulate decision of one nc_matmul (the instruction has one ``acc_flags``).
+
+    ``None`` auto-detects per instruction (nc_matmul stub: "the first write to a PSUM location overwrites, and
+    subsequent writes to the same location accumulate"): it accumulates when every dst element is in an open
+    matmul accumulation group and overwrites when none is; a dst that is partly inside a group has no single
+    flag and is rejected.  ``True`` needs PSUM that was written before (never-written PSUM is undefined memory;
+    on trn2 also not last written by a non-matmul instruction)."""
+    t = I.ctx.target
+    if accumulate is True:
+        fresh = state == PSUM_FRESH
+        if fresh.any():
+            raise I.fail(
+                f"accumulate=True onto PSUM never written since allocation ({int(fresh.sum())} of {state.size} dst "
+                f"elements): the sum would start from undefined memory; start the accumulation group with "
+                f"accumulate=False (or None)",
+                "matmul-accumulate",
+            )
+        if not t.psum_accumulate_after_non_matmul_write and (state == PSUM_OTHER).any():
+            raise I.fail(
+                f"accumulate=True onto PSUM last written by a non-matmul instruction (memset/tensor_copy/...) is "
+                f"undefined on {t.name}",
+                "matmul-accumulate",
+            )
+        return True
+    if accumulate is False:
+        return False
+    in_group = state == PSUM_MATMUL
+    if in_group.all():
+        return True
+    if not in_group.any():
+        return False
+    raise I.fail(
+        f"accumulate=None: {int(in_group.sum())} of {state.size} dst elements are in an open matmul accumulation "
+        f"group and the others are not; one nc_matmul either overwrites or accumulates its whole dst, so pass "
+        f"accumulate=True/False explicitly (or split the matmul)",
+        "matmul-accumulate",
+    )
+
+
+def _fp8_pe_transpose_out(I: Instr, dst):
+    """Byte layout of an fp8 Tensor Engine transpose output on NeuronCore-v3 (trn2), else None.
+
+    trainium2_arch.rst: "NeuronCore-v3 TensorE transpose mode for FP8 input data produces 16-bit output elements
+    in PSUM, with the upper 8 bits filled with zeros."  Element ``i`` of ``dst``'s access pattern is written as
+    a 16-bit word (fp8 bits, then a zero byte): the free-dim strides double in bytes, so the write covers twice
+    the bytes of the fp8 tile and must stay inside each partition's allocation.  Not stated for NeuronCore-v4
+    (trn3), which keeps packed bytes here."""
+    if I.ctx.target.nc_version is not E.nc_version.gen3 or dst.dtype.itemsize != 1 or not dst.dtype.is_float:
+        return None
+    st = dst._st
+    fb = st.free_bytes
+    byte_off = dst._offset
+    f0 = byte_off % fb if fb else 0
+    lo, hi = f0, f0
+    for n, stp in zip(dst.shape[1:], dst._strides[1:]):
+        if n > 1:
+            d = (n - 1) * stp * 2
+            lo, hi = (lo + d, hi) if d < 0 else (lo, hi + d)
+    if lo < 0 or hi + 2 > fb:
+        raise I.fail(
+            f"an fp8 Tensor Engine transpose on {I.ctx.target.name} writes 16-bit PSUM elements (upper byte zero), "
+            f"bytes [{lo}, {hi + 2}) of each partition, but dst '{st.label}' has {fb} bytes per partition; allocate "
+            f"twice the fp8 free size (or transpose in bf16)",
+            "partition-bounds",
+        )
+    strides = (dst._strides[0],) + tuple(s * 2 for s in dst._strides[1:])
+    return dst.shape, byte_off, strides
+
+
+def _write_wide(dst, wide, values: np.ndarray) -> None:
+    shape, off, strides = wide
+    bits = dt.cast_to(np.asarray(values, dtype=np.float32), dst.dtype).view(np.uint8).astype("<u2")
+    np.ndarray(shape, dtype="<u2", buffer=dst._st.buf, offset=off, strides=strides)[...] = bits.reshape(shape)
+
+
+def _mark_wide(dst, wide) -> None:
+    shape, off, strides = wide
+    state = dst._st.ensure_psum_state()
+    np.ndarray(shape + (2,), dtype=np.uint8, buffer=state, offset=off, strides=strides + (1,))[...] = PSUM_MATMUL
 
 
 def _transpose_exact(s: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -190,8 +275,17 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
         )
     if use_ve:
         I.align([("data", g)], ("dst", gd))
+    wide = _fp8_pe_transpose_out(I, I.view(dst)) if use_pe else None
     if I.data:
-        vals = access.read(I.ctx, data)
-        access.write(I.ctx, dst, np.ascontiguousarray(np.asarray(vals).reshape(P, F).T).reshape(dst.shape))
-    mark_written(dst, by_matmul=use_pe)
+        vals = np.ascontiguousarray(np.asarray(access.read(I.ctx, data)).reshape(P, F).T)
+        if wide is not None:
+            shape, off, strides = wide
+            np.ndarray(shape, dtype="<u2", buffer=dst._st.buf, offset=off, strides=strides)[...] = (
+                vals.view(np.uint8).astype("<u2").reshape(shape))
+        else:
+            access.write(I.ctx, dst, vals.reshape(dst.shape))
+    if wide is not None:
+        _mark_wide(I.view(dst), wide)
+    else:
+        mark_written(dst, by_matmul=use_pe)
     I.record("nc_transpose", "tensor" if use_pe else "vector", P, F, dst.dtype.name, name_arg(name))

@@ -54,9 +54,10 @@ def is_interpreter_module(m: Any) -> bool:
 
 
 @contextlib.contextmanager
-def as_nki(target: str | None = "trn2") -> Iterator[types.ModuleType]:
+def as_nki(target: str | None = None) -> Iterator[types.ModuleType]:
     """Make ``import nki`` (and ``nki.language``/``nki.isa``/``nki.collectives``/``nki.typing``) resolve to the
-    interpreter inside the block; ``target`` applies to kernels launched inside (None: env or trn2).
+    interpreter inside the block; ``target`` applies to kernels launched inside (None: like ``nki.simulate``,
+    ``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn3).
 
     Yields the interpreter's ``nki`` module."""
     tgt = get_target(target) if target is not None else None
@@ -93,12 +94,14 @@ def register_source(source: str, filename: str) -> None:
     linecache.cache[filename] = (len(source), None, lines, filename)
 
 
-def load_kernel_source(source: str, filename: str, target: str = "trn2") -> dict:
+def load_kernel_source(source: str, filename: str, target: str | None = None) -> dict:
     """Execute kernel source with ``nki*`` bound to the interpreter and return its namespace.
 
     No ``nki`` module is added to ``sys.modules``.  ``@nki.jit`` kernels defined by the source run on
-    ``target`` unless a run overrides it: ``ns[kernel_name](*numpy_arrays)``."""
-    tgt = get_target(target)
+    ``target`` unless a run overrides it: ``ns[kernel_name](*numpy_arrays)``.  ``target=None`` decides at run
+    time (the ``as_nki`` target, else ``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn3 -- the ``nki.simulate``
+    default on a host without a Neuron device); fusegraph's own callers always pass the target."""
+    tgt = get_target(target) if target is not None else None
     register_source(source, filename)
     bi = dict(builtins.__dict__)
     bi["__import__"] = _hooked_import

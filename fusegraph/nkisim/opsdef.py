@@ -4,8 +4,9 @@ The tokens are the ``nki.language`` functions themselves (``nl.add``, ``nl.exp``
 :class:`OpSpec` describing what it means as an ALU operator (tensor_tensor / tensor_scalar / tensor_reduce)
 and/or as a ScalarE activation function.  The lists follow the 2.29 tables "Supported Math Operators for
 NKI ISA" and "Supported Activation Functions" (nki.api.shared.rst).  Activation functions are computed
-exactly in float32 here; the hardware uses piecewise-polynomial approximations with limited valid input
-ranges (see docs/interpreter.md).
+exactly in float32 here; the hardware uses piecewise-polynomial approximations that "generate invalid output
+results" outside their documented Valid Input Range, so each spec carries that range (``valid``) and
+``nisa.activation`` raises (rule ``activation-range``) for inputs outside it (see docs/interpreter.md).
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ class OpSpec:
     reduce: Callable[[np.ndarray, int], np.ndarray] | None = None  # legal reduction: f(array, axis)
     act: Callable[[np.ndarray], np.ndarray] | None = None  # activation function
     compare: bool = False
+    #: documented Valid Input Range of the ScalarE activation (inclusive; None = [-inf, inf]); ``valid_abs``:
+    #: the range applies to ``|x|`` (reciprocal: +-[2^-42, 2^42])
+    valid: tuple[float, float] | None = None
+    valid_abs: bool = False
+    valid_text: str = ""
 
 
 def _f(x: Any) -> np.ndarray:
@@ -155,9 +161,11 @@ SPECS: dict[str, OpSpec] = {
     "power": OpSpec("power", alu=np.power),
     # unary ALU ops (also activation functions where listed)
     "rsqrt": OpSpec("rsqrt", alu=lambda a, b: (1.0 / np.sqrt(a)).astype(F32), unary=True,
-                    act=lambda x: (1.0 / np.sqrt(x)).astype(F32)),
+                    act=lambda x: (1.0 / np.sqrt(x)).astype(F32), valid=(2.0**-87, 2.0**97),
+                    valid_text="[2^-87, 2^97]"),
     "reciprocal": OpSpec("reciprocal", alu=lambda a, b: (1.0 / a).astype(F32), unary=True,
-                         act=lambda x: (1.0 / x).astype(F32)),
+                         act=lambda x: (1.0 / x).astype(F32), valid=(2.0**-42, 2.0**42), valid_abs=True,
+                         valid_text="+-[2^-42, 2^42]"),
     "abs": OpSpec("abs", alu=lambda a, b: np.abs(a), unary=True, act=np.abs),
     # bitvec ops
     "bitwise_and": OpSpec("bitwise_and", alu=_bit(np.bitwise_and), bitvec=True,
@@ -187,10 +195,14 @@ SPECS: dict[str, OpSpec] = {
     "erf": OpSpec("erf", act=lambda x: _erf(x).astype(F32)),
     "erf_dx": OpSpec("erf_dx", act=_erf_dx),
     "exp": OpSpec("exp", act=lambda x: np.exp(x).astype(F32)),
-    "log": OpSpec("log", act=lambda x: np.log(x).astype(F32)),
-    "sin": OpSpec("sin", act=lambda x: np.sin(x).astype(F32)),
-    "arctan": OpSpec("arctan", act=lambda x: np.arctan(x).astype(F32)),
-    "sqrt": OpSpec("sqrt", act=lambda x: np.sqrt(x).astype(F32)),
+    "log": OpSpec("log", act=lambda x: np.log(x).astype(F32), valid=(2.0**-64, 2.0**64), valid_text="[2^-64, 2^64]"),
+    # pi and pi/2 as float32 (which round up), so that a range-reduced float32 value of exactly +-pi is valid
+    "sin": OpSpec("sin", act=lambda x: np.sin(x).astype(F32), valid=(-float(F32(math.pi)), float(F32(math.pi))),
+                  valid_text="[-pi, pi] (no range reduction)"),
+    "arctan": OpSpec("arctan", act=lambda x: np.arctan(x).astype(F32),
+                     valid=(-float(F32(math.pi / 2)), float(F32(math.pi / 2))), valid_text="[-pi/2, pi/2]"),
+    "sqrt": OpSpec("sqrt", act=lambda x: np.sqrt(x).astype(F32), valid=(2.0**-116, 2.0**118),
+                   valid_text="[2^-116, 2^118]"),
     "sign": OpSpec("sign", act=lambda x: np.sign(x).astype(F32)),
 }
 

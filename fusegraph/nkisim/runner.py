@@ -188,10 +188,11 @@ def run(
     """Run an NKI kernel (``@nki.jit`` object or plain function) in the interpreter.
 
     ``lnc``: 1 or 2 programs (LNC=2 runs two threads sharing ``shared_hbm``).  ``target``: "trn2"/"trn3"
-    (default: ``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn2).  ``shape_only``: no arithmetic, same checks
-    and counters; args may be :class:`Abstract`.  ``assume``: data-dependent indices for shape-only runs (see
-    :mod:`fusegraph.nkisim.assume`).  ``ranks``: simulate N ranks for ``nki.collectives`` (each rank gets a copy
-    of the array args unless ``rank_args`` lists per-rank argument tuples); returns a list of per-rank outputs.
+    (default: the kernel's / ``as_nki`` target, else ``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn3 as in
+    ``nki.simulate``).  ``shape_only``: no arithmetic, same checks and counters; args may be :class:`Abstract`.
+    ``assume``: data-dependent indices for shape-only runs (see :mod:`fusegraph.nkisim.assume`).  ``ranks``:
+    simulate N ranks for ``nki.collectives`` (each rank gets a copy of the array args unless ``rank_args`` lists
+    per-rank argument tuples); returns a list of per-rank outputs.
     ``sbuf_budget``: usable SBUF bytes per partition.  ``backend="official"``: run through the real
     ``nki.simulate`` (only where the Neuron SDK is installed).  Remaining keyword args go to the kernel.
 

@@ -1,8 +1,8 @@
 """Hardware targets (trn2 = NeuronCore-v3, trn3 = NeuronCore-v4) and their documented limits.
 
-Selection mirrors the official ``NEURON_PLATFORM_TARGET_OVERRIDE`` (``trn2|gen3``, ``trn3|gen4``); trn1/inf2
-(NeuronCore-v2) are rejected because fusegraph does not target them.  Numbers come from the architecture
-guides of SDK 2.29 (see shared/reference/nki_api.md §3).
+Selection mirrors the official ``NEURON_PLATFORM_TARGET_OVERRIDE`` (``trn2|gen3``, ``trn3|gen4``; unset: trn3, as
+``nki.simulate`` on a host without a Neuron chip); trn1/inf2 (NeuronCore-v2) are rejected because fusegraph does
+not target them.  Numbers come from the architecture guides of SDK 2.29 (see shared/reference/nki_api.md §3).
 """
 
 from __future__ import annotations
@@ -82,12 +82,17 @@ ENV_TARGET = "NEURON_PLATFORM_TARGET_OVERRIDE"
 ENV_SBUF_BUDGET = "FUSEGRAPH_SBUF_BUDGET"
 
 
+#: the target when none is given and ``NEURON_PLATFORM_TARGET_OVERRIDE`` is unset: ``nki.simulate`` uses the
+#: detected Neuron chip, "otherwise defaults to trn3" (nki_simulator.rst, SDK 2.29); this host has no chip.
+DEFAULT_TARGET = "trn3"
+
+
 def get_target(name: str | Target | None = None) -> Target:
-    """Resolve a target: explicit name, else ``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn2."""
+    """Resolve a target: explicit name, else ``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn3 (as ``nki.simulate``)."""
     if isinstance(name, Target):
         return name
     if name is None:
-        name = os.environ.get(ENV_TARGET) or "trn2"
+        name = os.environ.get(ENV_TARGET) or DEFAULT_TARGET
     key = str(name).strip().lower()
     if key in _ALIASES:
         return _ALIASES[key]

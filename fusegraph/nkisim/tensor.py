@@ -405,12 +405,10 @@ class NkiTensor:
                     raise _err("vector_offset must be an SBUF tensor of shape [P, 1]", "ap")
                 if self.on_chip:
                     raise _err("vector_offset indirection is only supported on HBM tensors", "ap")
-                if vector_offset.size != shape[0] or vector_offset.shape[0] != shape[0]:
-                    raise _err(
-                        f"vector_offset shape {vector_offset.shape} must be [P, 1] with P = {shape[0]} "
-                        f"(the first pattern dim)",
-                        "ap",
-                    )
+                # the index shape is checked by the DMA that uses the view: dma_copy/dma_compute take [P, 1] (one
+                # row per partition), an indirect dma_transpose takes a 2-D [16..128, C] index tile
+                if len(vector_offset.shape) != 2:
+                    raise _err(f"vector_offset must be a 2-D SBUF tensor, got shape {vector_offset.shape}", "ap")
                 if not vector_offset.dtype.is_int:
                     raise _err(f"vector_offset must have an integer dtype, got {vector_offset.dtype.name}", "ap")
                 ind = Indirect("vector", vector_offset, idim, mult)

@@ -14,10 +14,10 @@ _n = itertools.count()
 
 
 def build(body: str, name: str = "k"):
-    """Load a kernel from source; the offending line is marked with '# <-'."""
+    """Load a kernel from source (for trn2 unless a run passes target=); the offending line is marked '# <-'."""
     src = HDR + textwrap.dedent(body)
     fname = f"/virtual/check_{next(_n)}.py"
-    ns = load_kernel_source(src, fname)
+    ns = load_kernel_source(src, fname, target="trn2")
     marked = [i + 1 for i, line in enumerate(src.splitlines()) if "# <-" in line]
     return ns[name], f"{fname}:{marked[0]}" if marked else fname
 
@@ -237,8 +237,9 @@ def test_psum_accumulate_none_resets_after_non_matmul_write():
         nisa.nc_matmul(dst=d[:, 0:256], stationary=at, moving=bt[:, 0:256], accumulate=True)
         s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=s, src=d)
-        nisa.memset(dst=d[:, 256:512], value=0.0)                  # non-matmul write resets those elements
-        nisa.nc_matmul(dst=d, stationary=at, moving=bt)           # -> [3x, 1x] halves
+        nisa.memset(dst=d[:, 256:512], value=0.0)                  # non-matmul write ends the group there
+        nisa.nc_matmul(dst=d[:, 0:256], stationary=at, moving=bt[:, 0:256])      # still in a group: accumulates
+        nisa.nc_matmul(dst=d[:, 256:512], stationary=at, moving=bt[:, 256:512])  # reset: overwrites
         nisa.tensor_tensor(dst=s, data1=s, data2=d, op=nl.add)
         nisa.dma_copy(dst=out, src=s)
         return out

@@ -11,7 +11,7 @@ RNG = np.random.default_rng(42)
 
 
 def run(body: str, *args, name: str = "k", **kw):
-    ns = load_kernel_source(HDR + body, f"/virtual/isa_more_{abs(hash(body))}.py")
+    ns = load_kernel_source(HDR + body, f"/virtual/isa_more_{abs(hash(body))}.py", target="trn2")
     return nkisim.run(ns[name], *args, **kw)
 
 

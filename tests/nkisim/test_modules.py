@@ -68,7 +68,7 @@ def test_as_nki_restores_a_preexisting_nki():
 
 def test_as_nki_nested_and_on_exception():
     with pytest.raises(RuntimeError):
-        with as_nki():
+        with as_nki(target="trn2"):
             with as_nki(target="trn3"):
                 assert sys.modules["nki"].isa.get_nc_version().name == "gen4"
             assert sys.modules["nki"].isa.get_nc_version().name == "gen3"
@@ -102,7 +102,7 @@ def test_load_kernel_source_target():
     x = np.zeros((128, 64), np.float32)
     ns3 = load_kernel_source(src, "/virtual/gen_trn3.py", target="trn3")
     np.testing.assert_array_equal(ns3["double"](x), 2 * np.ones_like(x))
-    ns2 = load_kernel_source(src, "/virtual/gen_trn2.py")
+    ns2 = load_kernel_source(src, "/virtual/gen_trn2.py", target="trn2")
     with pytest.raises(nkisim.NkiValidationError, match="only available on NeuronCore-v4"):
         ns2["double"](x)
 
@@ -116,9 +116,12 @@ def test_target_from_env(monkeypatch):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
     with pytest.raises(ValueError, match="not supported"):
         nkisim.run(k, np.zeros((128, 64), np.float32))
-    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE")
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     nkisim.run(k, np.zeros((128, 64), np.float32))
     assert nkisim.last_profile().target == "trn2"
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE")
+    nkisim.run(k, np.zeros((128, 64), np.float32))
+    assert nkisim.last_profile().target == "trn3"  # unset: trn3, the nki.simulate default without a Neuron chip
 
 
 def test_launch_forms():

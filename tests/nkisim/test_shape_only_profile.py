@@ -146,7 +146,7 @@ def k(data, idx, table):
                   dge_mode=nisa.dge_mode.swdge)
     return table
 """
-    fn = nkisim.load_kernel_source(src, "/virtual/gather_scatter.py")["k"]
+    fn = nkisim.load_kernel_source(src, "/virtual/gather_scatter.py", target="trn2")["k"]
     nkisim.run(fn, Abstract((64, 16), "bfloat16"), Abstract((4, 1), "uint32"), Abstract((64, 16), "bfloat16"),
                shape_only=True)
     dmas = {x.line: x for x in nkisim.last_profile().dmas}

@@ -5,10 +5,13 @@ fail because fusegraph could not handle it.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
+
+from ..program.sources import parse_source
 
 #: dtypes the Trainium engines (and so fusegraph's codegen) can hold; anything else stays on the eager path
 SUPPORTED_DTYPES = {
@@ -44,8 +47,71 @@ def _is_symbolic(v: Any) -> bool:
     return False
 
 
+#: op namespaces of torch's functional collectives (what dynamo records for DTensor redistributions and funcol)
+_COLLECTIVE_NAMESPACES = {"_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "_dtensor"}
+_TP_REFUSAL = "tensor-parallel (DTensor) graphs are not fused yet"
+
+
+def _distributed_types() -> tuple[type, ...]:
+    """DTensor and DeviceMesh if torch.distributed's tensor package is loaded (nothing can hold one otherwise, so
+    an undistributed run does not pay for importing it)."""
+    types_ = []
+    for mod, name in (("torch.distributed.tensor", "DTensor"), ("torch.distributed.device_mesh", "DeviceMesh")):
+        cls = getattr(sys.modules.get(mod), name, None)
+        if isinstance(cls, type):
+            types_.append(cls)
+    return tuple(types_)
+
+
+def _describe(v: Any) -> str:
+    """``DTensor (Shard(dim=0) over 2 ranks)``: what a distributed input is, for the refusal message."""
+    placements = getattr(v, "placements", None)
+    mesh = getattr(v, "device_mesh", v)
+    try:
+        size = mesh.size()
+        ranks = f" over {size} rank{'s' if size != 1 else ''}"
+    except Exception:  # noqa: BLE001 - a mesh without a size: name the type only
+        ranks = ""
+    where = f"{', '.join(map(repr, placements))}{ranks}" if placements else ranks.strip()
+    return f"{type(v).__name__} ({where})" if where else type(v).__name__
+
+
+def _collective(target: Any) -> str | None:
+    ns = getattr(target, "namespace", None)  # OpOverload
+    if ns is None:
+        ns = getattr(target, "_qualified_op_name", "").partition("::")[0] or None  # OpOverloadPacket
+    return str(target) if ns in _COLLECTIVE_NAMESPACES else None
+
+
+def check_not_distributed(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Refuse graphs of a tensor-parallel model: DTensor parameters, device meshes, functional collectives.
+
+    Lowering would trace *through* DTensor's dispatch on fake tensors, bake each rank's fake local shard into the
+    graph as a constant and drop the collectives: a program that cannot run (or computes one rank's partial sums).
+    Until tensor parallelism is fused, such a graph runs eagerly: dynamo's graph with DTensor dispatch, the same
+    ops as the uncompiled model.
+    """
+    dist_types = _distributed_types()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for cls in dist_types:  # DTensors first: the parameter names the model; a mesh input is a closure cell
+        for n, value in zip(placeholders, list(example_inputs) + [None] * len(placeholders)):
+            v = next((x for x in (value, n.meta.get("example_value")) if isinstance(x, cls)), None)
+            if v is not None:
+                raise CaptureRefused(f"{_TP_REFUSAL} (input {parse_source(_source_name(n)).path} is a "
+                                     f"{_describe(v)})")
+    for n in gm.graph.nodes:
+        if n.op != "call_function" and n.op != "call_method":
+            continue
+        op = _collective(n.target) if n.op == "call_function" else None
+        if op is not None:
+            raise CaptureRefused(f"{_TP_REFUSAL} (node {n.name} in {_module(n)} is the collective {op})")
+        if dist_types and isinstance(n.meta.get("example_value"), dist_types):
+            raise CaptureRefused(f"{_TP_REFUSAL} (node {n.name} in {_module(n)} makes a DTensor)")
+
+
 def check_capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
     """Raise :class:`CaptureRefused` with the reason if fusegraph must leave this graph to eager PyTorch."""
+    check_not_distributed(gm, example_inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n in placeholders:
         val = n.meta.get("example_value")

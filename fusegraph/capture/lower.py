@@ -19,7 +19,10 @@ from torch._functorch._aot_autograd.functional_utils import from_fun, to_fun
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from .checks import CaptureRefused
 
 
 def _functional(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -45,9 +48,20 @@ def _functional(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _refuse_tensor_subclasses(args: Sequence[Any]) -> None:
+    """Wrapper tensor subclasses (DTensor, quantized or two-part tensors) cannot be lowered by one ``make_fx``
+    pass: it traces *through* their ``__torch_dispatch__``, so their inner tensors are baked into the graph as
+    (fake) constants, not inputs. aot_autograd desugars them first; this pass does not, so it refuses them
+    instead of building a program that cannot run."""
+    for i, a in enumerate(args):
+        if is_traceable_wrapper_subclass(a):
+            raise CaptureRefused(f"tensor subclass inputs are not lowered yet (input {i} is a {type(a).__name__})")
+
+
 def to_aten(fn: Callable[..., Any] | fx.GraphModule, args: Sequence[Any],
             fake_mode: FakeTensorMode | None = None) -> fx.GraphModule:
     """The functional ATen graph of ``fn(*args)`` (inference: no autograd), traced on fake tensors."""
+    _refuse_tensor_subclasses(args)
     if fake_mode is None:
         fake_mode = torch._guards.detect_fake_mode(args) or FakeTensorMode()
     fake_args = [fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor) else a

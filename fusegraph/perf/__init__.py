@@ -8,13 +8,14 @@ against the published Qwen3-30B-A3B trn3 figures, and renders a self-contained H
 
 Main entry points:
 
-* :func:`analyze_model` — bundled model -> megakernel -> shape-only profile -> every strategy, the limit, and
-  (for the published model/target) the like-for-like calibration;
+* :func:`analyze_model` — bundled model -> megakernel (the pipeline's) -> shape-only profile -> every strategy,
+  the limit, and (for the published model/target) the like-for-like calibration; a :class:`NotRun` with the
+  reason where the pipeline builds no kernel;
 * :func:`estimate_kernel` / :func:`build_view` — any kernel source + its profile -> an :class:`Estimate`;
 * :func:`load_params` / :func:`published` — the sourced parameters and published figures;
 * :mod:`fusegraph.perf.html` — the HTML report; :mod:`fusegraph.perf.bench` — the benchmark.
 """
-from .analysis import ModelPerf, analyze_model, build_kernel, build_kernels, shard_overrides
+from .analysis import ModelPerf, NotRun, analyze_model, build_kernel, build_kernels, shard_overrides
 from .baselines import bytes_per_token, per_op, physical_limit
 from .calibration import calibrate, goal
 from .costmodel import Estimate, classify, estimate, estimate_kernel
@@ -23,7 +24,7 @@ from .params import HardwareParams, load_params, published, validate
 from .progress import Progress
 
 __all__ = [
-    "Estimate", "HardwareParams", "KernelView", "ModelPerf", "Progress", "analyze_model", "build_kernel",
+    "Estimate", "HardwareParams", "KernelView", "ModelPerf", "NotRun", "Progress", "analyze_model", "build_kernel",
     "build_kernels", "build_view", "bytes_per_token", "calibrate", "classify", "estimate", "estimate_kernel", "goal",
     "load_params", "per_op", "physical_limit", "published", "shard_overrides", "validate",
 ]

@@ -1,8 +1,11 @@
 """From a model name to modeled performance: build the megakernel, profile it shape-only, cost every strategy.
 
-The kernel comes from :func:`fusegraph.codegen.build.build_decode_kernel` (capture -> match -> lower ->
-generate) when it is available and succeeds; otherwise from :mod:`.synthetic` (the same instruction sequence
-built from the model config), and the result says which. The shape-only run is done here, not by the builder,
+The kernel is the one the real pipeline builds: :mod:`fusegraph.codegen.build` captures the decode step, matches
+patterns, forms regions, lowers the decoder-stack region and generates its NKI source, with the same settings the
+NKI executor uses (SBUF budget, weight ring, LNC). When the pipeline refuses (a :class:`BudgetError` at a cache
+length that does not fit SBUF, a :class:`CodegenError`, a capture that fails) there is no kernel to model, so the
+result for that target is a :class:`NotRun` with the one-line reason, never a kernel built some other way: a
+benchmark must only report kernels the pipeline would run. The shape-only run is done here, not by the builder,
 because it reports progress (the decoder layer the run is in).
 """
 from __future__ import annotations
@@ -11,7 +14,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 from . import baselines
 from .costmodel import Estimate, estimate_kernel
@@ -27,7 +30,7 @@ PUBLISHED_CORES = 8
 
 @dataclass
 class KernelBuild:
-    """A generated megakernel, its shape-only profile, and where it came from."""
+    """A megakernel the pipeline generated, its shape-only profile, and the captured program it came from."""
 
     model: str
     target: str
@@ -35,17 +38,45 @@ class KernelBuild:
     generated: Any  # codegen GeneratedKernel
     profile: dict[str, Any]
     view: KernelView
-    origin: str  # "pipeline" (capture -> match -> codegen) or "synthetic" (from the config)
-    program: Any = None  # the captured Program (pipeline builds)
-    analysis: Any = None  # the matcher's Analysis (pipeline builds)
+    program: Any = None  # the captured Program
+    analysis: Any = None  # the matcher's Analysis
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class NotRun:
+    """A model/target for which the pipeline builds no kernel (so nothing is modeled), and why, in one line."""
+
+    model: str
+    target: str
+    stage: str  # "capture" (capture or matching), "codegen" (lowering, generation, budget) or "profile"
+    reason: str  # "BudgetError: the kernel needs 528.3 KiB of SBUF per partition but trn2 has 208.0 KiB ..."
+    config: dict[str, Any] = field(default_factory=dict)
+    program: Any = None  # the captured Program, when capture succeeded
+    like_for_like: dict[str, Any] | None = None  # the published-configuration shard, built on its own
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "target": self.target, "status": "not run", "stage": self.stage,
+                "reason": self.reason}
+
+
+BuildResult = Union[KernelBuild, NotRun]
+
+
+def one_line_reason(e: BaseException) -> str:
+    """``Type: first line of the message`` (a refusal's reason for a table cell; the traceback goes to the debug
+    log)."""
+    text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def model_config(model: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The bundled config of ``model`` as a dict (with ``model_type``), plus ``overrides``."""
     from fusegraph.models import MODELS
 
+    if model not in MODELS:
+        raise KeyError(f"unknown model {model!r}; bundled: {', '.join(MODELS)}")
     spec = MODELS[model]
     cfg = dict(spec.config)
     cfg.setdefault("model_type", spec.family)
@@ -77,8 +108,9 @@ def shard_overrides(config: dict[str, Any], cores: int) -> dict[str, Any]:
 
 
 def profile_shape_only(generated: Any, target: str, progress: Progress | None = None,
-                       layers: int | None = None) -> dict[str, Any]:
-    """Run ``generated`` in the interpreter's shape-only mode; return the profile as a dict."""
+                       layers: int | None = None, settings: Any = None) -> dict[str, Any]:
+    """Run ``generated`` in the interpreter's shape-only mode (with ``settings``' SBUF budget and LNC, as the
+    executor runs it); return the profile as a dict."""
     from fusegraph import nkisim
 
     args = _abstract_args(generated)
@@ -86,8 +118,13 @@ def profile_shape_only(generated: Any, target: str, progress: Progress | None = 
     fn = ns[generated.name]
     progress = progress or Progress(False)
     total = layers if layers is not None else len(generated.program.layers())
+    kwargs: dict[str, Any] = {}
+    if settings is not None:
+        kwargs["lnc"] = settings.lnc
+        if settings.sbuf_budget:
+            kwargs["sbuf_budget"] = settings.sbuf_budget
     with KernelLineMonitor(generated.source, generated.name, progress.update, total):
-        nkisim.run(fn, *args, target=target, shape_only=True)
+        nkisim.run(fn, *args, target=target, shape_only=True, **kwargs)
     return nkisim.last_profile().to_dict()
 
 
@@ -97,87 +134,72 @@ def _abstract_args(generated: Any) -> list:
     return abstract_args(generated)
 
 
+def _not_run(model: str, target: str, stage: str, e: BaseException, cfg: dict[str, Any],
+             program: Any = None) -> NotRun:
+    nr = NotRun(model, target, stage, one_line_reason(e), cfg, program)
+    log.info("%s on %s: not run (%s): %s", model, target, stage, nr.reason)
+    log.debug("%s on %s: the pipeline refused", model, target, exc_info=e)
+    return nr
+
+
 def build_kernels(model: str, targets: Sequence[str], *, layers: int | None = None, cache_len: int = 640,
-                  overrides: dict[str, Any] | None = None, prefer: str = "pipeline",
-                  progress: Progress | None = None) -> dict[str, KernelBuild]:
-    """Generate and profile the decode megakernel of a bundled model for each target (``prefer``: pipeline |
-    synthetic). Capture and matching do not depend on the target, so they run once."""
+                  overrides: dict[str, Any] | None = None,
+                  progress: Progress | None = None) -> dict[str, BuildResult]:
+    """Capture, match, generate and profile the decode megakernel of a bundled model for each target, exactly as
+    the pipeline does; a target the pipeline refuses gets a :class:`NotRun`. Capture and matching do not depend
+    on the target, so they run once."""
+    from fusegraph.codegen.build import build_for_target, capture_decode
+    from fusegraph.settings import Settings
+
     progress = progress or Progress(False)
-    cfg = model_config(model, overrides)
+    try:
+        cfg = model_config(model, overrides)
+    except KeyError as e:  # an unknown model name: its row says so, the other models still run
+        return {t: _not_run(model, t, "capture", e, {}) for t in targets}
     if layers is not None:
         cfg["num_hidden_layers"] = layers
-    notes: list[str] = []
-    timings: dict[str, float] = {}
-    program = analysis = lowered_program = None
-    generated: dict[str, Any] = {}
-    origin = "synthetic"
+    case_kwargs: dict[str, Any] = {"max_cache_len": cache_len}
+    if layers is not None:
+        case_kwargs["num_layers"] = layers
+    if overrides:
+        case_kwargs["config_overrides"] = dict(overrides)
     first = targets[0]
-    if prefer == "pipeline":
-        try:
-            from fusegraph.codegen.build import build_decode_kernel
-
-            case_kwargs: dict[str, Any] = {"max_cache_len": cache_len}
-            if layers is not None:
-                case_kwargs["num_layers"] = layers
-            if overrides:
-                case_kwargs["config_overrides"] = dict(overrides)
-            with progress.step(f"{model}: capture, match, codegen ({first})"):
-                b = build_decode_kernel(model, target=first, profile=False, case_kwargs=case_kwargs,
-                                        progress=progress.update)
-            generated[first] = b.generated
-            program, analysis, lowered_program = b.program, b.analysis, b.lowered.program
-            timings.update({k: v for k, v in b.timings.items() if k != "total_s"})
-            origin = "pipeline"
-        except Exception as e:  # noqa: BLE001 - fall back to the config-built kernel, and say so
-            notes.append(f"the capture->match->codegen pipeline failed ({type(e).__name__}: {e}); "
-                         "the kernel was built from the model config instead")
-            log.warning("%s", notes[-1])
-    if lowered_program is None:
-        from .synthetic import decode_program
-
-        lowered_program = decode_program(cfg, cache_len=cache_len)
-    builds: dict[str, KernelBuild] = {}
+    try:
+        with progress.step(f"{model}: capture and match"):
+            step = capture_decode(model, options={"target": first}, case_kwargs=case_kwargs,
+                                  progress=progress.update)
+    except Exception as e:  # noqa: BLE001 - a refused capture is a result of the benchmark, not a crash
+        return {t: _not_run(model, t, "capture", e, cfg) for t in targets}
+    builds: dict[str, BuildResult] = {}
     for target in targets:
-        t_timings = dict(timings) if target == first else {}
-        if target not in generated:
-            from fusegraph.codegen.megakernel import generate
-            from fusegraph.settings import Settings
-
-            st = Settings.from_options({"target": target})
-            with progress.step(f"{model}: codegen ({target})"):
+        settings = Settings.from_options({**step.settings_options, "target": target})
+        try:
+            with progress.step(f"{model}: lower and codegen ({target})"):
+                b = build_for_target(step, target, profile=False, progress=progress.update)
+        except Exception as e:  # noqa: BLE001 - BudgetError, CodegenError, ...: the row says why
+            builds[target] = _not_run(model, target, "codegen", e, cfg, step.program)
+            continue
+        timings = {k: v for k, v in b.timings.items() if k != "total_s"}
+        if any(isinstance(x, KernelBuild) for x in builds.values()):  # shared with the first target built
+            timings.pop("capture_s", None)
+            timings.pop("match_s", None)
+        gen = b.generated
+        try:
+            with progress.step(f"{model}: shape-only profile of {len(gen.program.layers())} layers ({target})"):
                 t0 = time.perf_counter()
-                generated[target] = generate(lowered_program, target=target, chunk_bytes=st.weight_chunk_kib * 1024,
-                                             ring=st.weight_buffers, sbuf_budget_bytes=st.sbuf_budget, model=model,
-                                             check=target == first)
-                t_timings["codegen_s"] = time.perf_counter() - t0
-        gen = generated[target]
-        with progress.step(f"{model}: shape-only profile of {len(gen.program.layers())} layers ({target})"):
-            t0 = time.perf_counter()
-            prof = profile_shape_only(gen, target, progress)
-            t_timings["profile_s"] = time.perf_counter() - t0
+                prof = profile_shape_only(gen, target, progress, settings=settings)
+                timings["profile_s"] = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - the interpreter refused the kernel: the executor would too
+            builds[target] = _not_run(model, target, "profile", e, cfg, step.program)
+            continue
         view = build_view(gen.source, prof)
-        builds[target] = KernelBuild(model, target, cfg, gen, prof, view, origin, program, analysis, t_timings,
-                                     list(notes))
+        builds[target] = KernelBuild(model, target, cfg, gen, prof, view, step.program, step.analysis, timings)
     return builds
 
 
-def build_kernel(model: str, target: str, **kw: Any) -> KernelBuild:
+def build_kernel(model: str, target: str, **kw: Any) -> BuildResult:
     """:func:`build_kernels` for one target."""
     return build_kernels(model, [target], **kw)[target]
-
-
-def capture_program(model: str, *, layers: int | None = None, cache_len: int = 640,
-                    overrides: dict[str, Any] | None = None, progress: Progress | None = None) -> tuple[Any, float]:
-    """The captured ATen program of a bundled model's decode step (for the per-op baseline)."""
-    from fusegraph.inspection import capture_step
-    from fusegraph.models import build_decode
-
-    progress = progress or Progress(False)
-    with progress.step(f"{model}: capture"):
-        t0 = time.perf_counter()
-        case = build_decode(model, max_cache_len=cache_len, num_layers=layers, config_overrides=overrides)
-        cap = capture_step(case.step, case.token, case.position, options={"executor": "eager"})
-        return cap.program, time.perf_counter() - t0
 
 
 # ---- the strategies on one build -------------------------------------------------------------------------------
@@ -188,7 +210,6 @@ def kernel_stats(build: KernelBuild) -> dict[str, Any]:
     slots = sum(d["count"] * max(1, d["partitions"]) for d in dmas)
     hw = load_params(build.target)
     return {
-        "origin": build.origin,
         "kernel_lines": build.generated.source.count("\n"),
         "instructions": p.get("instructions", 0),
         "engine_instructions": {k: v["instructions"] for k, v in p.get("engines", {}).items()},
@@ -245,15 +266,16 @@ class Strategies:
 
 
 def cost_strategies(build: KernelBuild, hw: HardwareParams, program: Any = None,
-                    progress: Progress | None = None) -> Strategies:
-    """(a) per-op, (b) hybrid, (b') XLA + NKI MoE and (c) megakernel for one build."""
+                    progress: Progress | None = None, *, per_op: bool = True) -> Strategies:
+    """(a) per-op, (b) hybrid, (b') XLA + NKI MoE and (c) megakernel for one build (the per-op baselines on
+    ``program``, default the build's captured program; none with ``per_op=False``)."""
     progress = progress or Progress(False)
     with progress.step(f"cost model ({hw.target})"):
         mk = estimate_kernel(build.view, hw)
         hy = baselines.hybrid(build.view, build.generated, hw)
         launches = {"megakernel": 1, "hybrid": len({w.region for w in hy.schedule.works})}
         po = xm = None
-        program = program if program is not None else build.program
+        program = (program if program is not None else build.program) if per_op else None
         if program is not None:
             po = baselines.per_op(program, hw)
             launches["per_op"] = len({w.region for w in po.schedule.works})
@@ -316,7 +338,7 @@ class ModelPerf:
             "target": self.target,
             "cache_len": self.cache_len,
             "layers": self.build.config.get("num_hidden_layers"),
-            "origin": self.build.origin,
+            "status": "run",
             "notes": list(self.build.notes),
             "timings": dict(self.timings),
             "kernel": kernel_stats(self.build),
@@ -334,66 +356,64 @@ class ModelPerf:
 
 def analyze_model(model: str, targets: Sequence[str] = ("trn3",), *, layers: int | None = None,
                   cache_len: int = 640, like_for_like: bool | None = None, per_op: bool = True,
-                  prefer: str = "pipeline", progress: Progress | None = None) -> dict[str, ModelPerf]:
-    """Build, profile and cost ``model`` on each target. With ``like_for_like`` (default: for the published model,
-    on the published target) also build and cost one core's shard of it in the published configuration."""
+                  progress: Progress | None = None) -> dict[str, ModelPerf | NotRun]:
+    """Build, profile and cost ``model`` on each target (a :class:`NotRun` where the pipeline builds no kernel).
+    With ``like_for_like`` (default: for the published model, on the published target) also build and cost one
+    core's shard of it in the published configuration (its own result: the shard may fit where the whole model
+    on one core does not)."""
     from .params import published
 
     progress = progress or Progress(False)
     targets = list(targets)
     pub = published()
-    builds = build_kernels(model, targets, layers=layers, cache_len=cache_len, prefer=prefer, progress=progress)
-    program = next(iter(builds.values())).program
-    capture_s = None
-    if program is None and per_op:
-        program, capture_s = capture_program(model, layers=layers, cache_len=cache_len, progress=progress)
-    out: dict[str, ModelPerf] = {}
+    builds = build_kernels(model, targets, layers=layers, cache_len=cache_len, progress=progress)
+    out: dict[str, ModelPerf | NotRun] = {}
     for target in targets:
         build = builds[target]
+        if isinstance(build, NotRun) and not build.config:  # not even a config to size the limit from
+            out[target] = build
+            continue
         hw = load_params(target)
-        timings = dict(build.timings)
-        if capture_s is not None and target == targets[0]:
-            timings["capture_s"] = capture_s
-        t0 = time.perf_counter()
-        strategies = cost_strategies(build, hw, program=program if per_op else None, progress=progress)
-        timings["cost_model_s"] = time.perf_counter() - t0
         limit = baselines.physical_limit(build.config, cache_len, hw)
-        lfl = None
         wanted = like_for_like if like_for_like is not None else (model == pub["model"] and target == pub["target"])
-        if wanted:
-            lfl = _like_for_like(model, target, build, limit, layers=layers, cache_len=cache_len, per_op=per_op,
-                                 prefer=prefer, progress=progress)
-        out[target] = ModelPerf(model, target, build, strategies, limit, cache_len, program, lfl, timings)
+        lfl = (_like_for_like(model, target, build.config, limit, layers=layers, cache_len=cache_len, per_op=per_op,
+                              progress=progress) if wanted else None)
+        if isinstance(build, NotRun):
+            build.like_for_like = lfl
+            out[target] = build
+            continue
+        timings = dict(build.timings)
+        t0 = time.perf_counter()
+        strategies = cost_strategies(build, hw, progress=progress, per_op=per_op)
+        timings["cost_model_s"] = time.perf_counter() - t0
+        out[target] = ModelPerf(model, target, build, strategies, limit, cache_len, build.program, lfl, timings)
     return out
 
 
-def _like_for_like(model: str, target: str, build: KernelBuild, limit: dict[str, float], *, layers: int | None,
-                   cache_len: int, per_op: bool, prefer: str, progress: Progress) -> dict[str, Any]:
-    """One core's shard of ``model`` in the published configuration, costed and compared with the figures."""
+def _like_for_like(model: str, target: str, config: dict[str, Any], limit: dict[str, float], *,
+                   layers: int | None, cache_len: int, per_op: bool, progress: Progress) -> dict[str, Any]:
+    """One core's shard of ``model`` in the published configuration, costed and compared with the figures (or
+    ``status: not run`` with the reason, when the pipeline builds no kernel for the shard)."""
     from . import calibration
     from .params import published
 
     pub = published()
     hw = load_params(target)
     cores = pub["tp"] * pub["lnc"]
-    overrides = shard_overrides(build.config, cores)
-    shard = build_kernel(model, target, layers=layers, cache_len=cache_len, overrides=overrides, prefer=prefer,
-                         progress=progress)
-    sprog = shard.program
-    if sprog is None and per_op:
-        sprog, _ = capture_program(model, layers=layers, cache_len=cache_len, overrides=overrides, progress=progress)
-    sstrat = cost_strategies(shard, hw, program=sprog if per_op else None, progress=progress)
+    overrides = shard_overrides(config, cores)
+    head = {"cores": cores, "tp": pub["tp"], "lnc": pub["lnc"], "shard_overrides": overrides}
+    shard = build_kernel(model, target, layers=layers, cache_len=cache_len, overrides=overrides, progress=progress)
+    if isinstance(shard, NotRun):
+        return {**head, **shard.to_dict()}
+    sstrat = cost_strategies(shard, hw, progress=progress, per_op=per_op)
     summaries = {k: strategy_summary(e, sstrat.launches.get(k, 0)) for k, e in sstrat.items()}
-    n_layers = int(build.config["num_hidden_layers"])
+    n_layers = int(config["num_hidden_layers"])
     rows = calibration.calibrate(summaries, hw, n_layers)
     what_if = calibration.what_ifs(shard.view, hw, summaries["megakernel"])
     sens = calibration.sensitivity(shard.view, hw)
     return {
-        "cores": cores,
-        "tp": pub["tp"],
-        "lnc": pub["lnc"],
-        "shard_overrides": overrides,
-        "origin": shard.origin,
+        **head,
+        "status": "run",
         "timings": dict(shard.timings),
         "kernel": kernel_stats(shard),
         "strategies": summaries,

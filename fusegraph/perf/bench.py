@@ -2,6 +2,9 @@
 
 Shared by ``benchmarks/bench_perf.py`` and ``fusegraph bench`` (the library formats, the callers print).
 Every modeled figure that has a published counterpart is shown beside it with the error; the others say so.
+A row is modeled only from a kernel the pipeline builds; where the pipeline refuses (the kernel does not fit
+SBUF at that cache length, a codegen or capture error), the row says ``not run: <reason>`` and the other rows go
+on.
 """
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import platform
 import time
 from typing import Any, Sequence
 
-from .analysis import ModelPerf, analyze_model
+from .analysis import ModelPerf, NotRun, analyze_model
 from .progress import Progress
 
 DEFAULT_MODELS = ("qwen3-30b-a3b", "llama3-8b")
@@ -25,7 +28,7 @@ def row_of(perf: ModelPerf) -> dict[str, Any]:
     s = d["strategies"]
     t = d["timings"]
     row: dict[str, Any] = {
-        "model": d["model"], "target": d["target"], "layers": d["layers"], "origin": d["origin"],
+        "model": d["model"], "target": d["target"], "layers": d["layers"], "status": "run",
         "capture_s": t.get("capture_s"), "match_s": t.get("match_s"), "codegen_s": t.get("codegen_s"),
         "profile_s": t.get("profile_s"), "cost_model_s": t.get("cost_model_s"),
         "hbm_gb_per_token": k["hbm_read_bytes"] / 1e9, "min_gb_per_token": d["limit"]["total_bytes"] / 1e9,
@@ -51,11 +54,25 @@ def row_of(perf: ModelPerf) -> dict[str, Any]:
     return row
 
 
+def not_run_row(nr: NotRun) -> dict[str, Any]:
+    """The row of a model/target the pipeline builds no kernel for: the one-line reason, no figures."""
+    return {**nr.to_dict(), "layers": nr.config.get("num_hidden_layers")}
+
+
+def _lfl_entry(model: str, target: str, l: dict[str, Any]) -> dict[str, Any]:
+    if l.get("status") == "not run":
+        return {"model": model, "target": target, **l}
+    return {"model": model, "target": target, **{k: l[k] for k in (
+        "cores", "tp", "lnc", "shard_overrides", "status", "timings", "kernel", "strategies", "calibration", "goal",
+        "what_if", "sensitivity")}, "top_lines": l["megakernel"]["top_lines"], "regions": l["megakernel"]["regions"],
+        "layers_detail": l["megakernel"]["layers"]}
+
+
 def run(models: Sequence[str] = DEFAULT_MODELS, targets: Sequence[str] = DEFAULT_TARGETS, *, layers: int | None = None,
-        cache_len: int = 640, prefer: str = "pipeline", per_op: bool = True, progress: Progress | None = None,
+        cache_len: int = 640, per_op: bool = True, progress: Progress | None = None,
         keep: bool = False) -> dict[str, Any]:
     """Analyze every model on every target; returns the JSON-ready result (``keep``: also the ModelPerf objects
-    under ``"_perf"``, for the HTML report)."""
+    under ``"_perf"``, for the HTML report). Rows the pipeline refuses are ``status: not run`` with the reason."""
     progress = progress or Progress(None)
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -63,20 +80,20 @@ def run(models: Sequence[str] = DEFAULT_MODELS, targets: Sequence[str] = DEFAULT
     details: dict[str, Any] = {}
     kept: dict[str, ModelPerf] = {}
     for model in models:
-        perfs = analyze_model(model, targets, layers=layers, cache_len=cache_len, prefer=prefer, per_op=per_op,
-                              progress=progress)
+        perfs = analyze_model(model, targets, layers=layers, cache_len=cache_len, per_op=per_op, progress=progress)
         for target, perf in perfs.items():
+            if isinstance(perf, NotRun):
+                rows.append(not_run_row(perf))
+                if perf.like_for_like:
+                    lfl.append(_lfl_entry(model, target, perf.like_for_like))
+                continue
             rows.append(row_of(perf))
             d = perf.to_dict(top_lines=15)
             details[f"{model}@{target}"] = {k: d[k] for k in ("strategies", "limit", "kernel", "speedup", "timings",
                                                               "notes")} | {"top_lines": d["megakernel"]["top_lines"],
                                                                            "layers_detail": d["megakernel"]["layers"]}
             if d["like_for_like"]:
-                l = d["like_for_like"]
-                lfl.append({"model": model, "target": target, **{k: l[k] for k in (
-                    "cores", "tp", "lnc", "shard_overrides", "origin", "timings", "kernel", "strategies", "calibration",
-                    "goal", "what_if", "sensitivity")}, "top_lines": l["megakernel"]["top_lines"],
-                    "regions": l["megakernel"]["regions"], "layers_detail": l["megakernel"]["layers"]})
+                lfl.append(_lfl_entry(model, target, d["like_for_like"]))
             if keep:
                 kept[f"{model}@{target}"] = perf
     out = {"benchmark": "perf", "models": list(models), "targets": list(targets), "cache_len": cache_len,
@@ -97,11 +114,22 @@ def _f(v: Any, fmt: str = "{:.3g}") -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Columns padded to their widths; a row shorter than the header ends in one cell that spans the rest (a
+    ``not run: <reason>`` row) and does not widen the columns."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    full = [r for r in cells if len(r) == len(headers)]
+    widths = [max(len(r[i]) for r in full + [r for r in cells if len(r) > i + 1]) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cells[0], widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells[1:]]
+    for r in cells[1:]:
+        if len(r) == len(headers):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        else:
+            lines.append("  ".join([c.ljust(w) for c, w in zip(r[:-1], widths)] + [r[-1]]))
     return "\n".join(lines)
+
+
+def _not_run_cell(r: dict[str, Any]) -> str:
+    return f'not run: {r["reason"]}'
 
 
 def format_tables(result: dict[str, Any]) -> str:
@@ -109,13 +137,16 @@ def format_tables(result: dict[str, Any]) -> str:
     out = []
     out.append("Whole model on ONE core: what fusegraph emits today (no published figure corresponds: the "
                "published runs use 8 cores; see the like-for-like table)")
-    hdr = ["model", "target", "kernel", "capture s", "match s", "codegen s", "profile s", "launches a/b'/b/c",
+    hdr = ["model", "target", "capture s", "match s", "codegen s", "profile s", "launches a/b'/b/c",
            "HBM GB/token (min)", "DMAs", "mean B/partition", "SBUF peak/size KiB"]
     rows = []
     for r in result["rows"]:
+        if r.get("status") == "not run":
+            rows.append([r["model"], r["target"], _not_run_cell(r)])
+            continue
         launches = "/".join(_f(r.get(f"{k}_launches")) for k in STRATEGY_ORDER)
         shared = "shared" if r["capture_s"] is None else None
-        rows.append([r["model"], r["target"], r["origin"], shared or _f(r["capture_s"], "{:.1f}"),
+        rows.append([r["model"], r["target"], shared or _f(r["capture_s"], "{:.1f}"),
                      shared or _f(r["match_s"], "{:.1f}"),
                      _f(r["codegen_s"], "{:.1f}"), _f(r["profile_s"], "{:.1f}"), launches,
                      f'{r["hbm_gb_per_token"]:.2f} ({r["min_gb_per_token"]:.2f})', r["dma_count"],
@@ -126,6 +157,9 @@ def format_tables(result: dict[str, Any]) -> str:
            "(c) us/layer", "(c) bound", "limit ms: core DMA / chip HBM", "(c) speedup over a / b", "published"]
     rows = []
     for r in result["rows"]:
+        if r.get("status") == "not run":
+            rows.append([r["model"], r["target"], _not_run_cell(r)])
+            continue
         rows.append([r["model"], r["target"], _f(r.get("per_op_ms"), "{:.2f}"), _f(r.get("xla_nki_moe_ms"), "{:.2f}"),
                      _f(r.get("hybrid_ms"), "{:.2f}"), _f(r.get("megakernel_ms"), "{:.2f}"),
                      _f(r.get("megakernel_us_layer"), "{:.1f}"), r.get("megakernel_bound", "-"),
@@ -136,7 +170,10 @@ def format_tables(result: dict[str, Any]) -> str:
     for l in result["like_for_like"]:
         out.append("")
         out.append(f'Like for like: {l["model"]} on {l["target"]}, one core\'s shard of TP={l["tp"]} x LNC={l["lnc"]} '
-                   f'({l["cores"]} physical cores), per layer and per core; kernel built by the {l["origin"]} path')
+                   f'({l["cores"]} physical cores), per layer and per core')
+        if l.get("status") == "not run":
+            out.append(_not_run_cell(l))
+            continue
         crow = []
         for c in l["calibration"]:
             err = c.get("error")
@@ -165,14 +202,12 @@ def format_tables(result: dict[str, Any]) -> str:
 
 
 def run_and_write(models: list[str], targets: list[str], *, layers: int | None = None, cache_len: int = 640,
-                  synthetic: bool = False, per_op: bool = True, json_path: str | None = None,
-                  html_dir: str | None = None) -> dict:
+                  per_op: bool = True, json_path: str | None = None, html_dir: str | None = None) -> dict:
     """Run the benchmark, print its tables, write the JSON and (optionally) one HTML report per model/target."""
     import json
     import os
 
-    result = run(models, targets, layers=layers, cache_len=cache_len, prefer="synthetic" if synthetic else "pipeline",
-                 per_op=per_op, keep=bool(html_dir))
+    result = run(models, targets, layers=layers, cache_len=cache_len, per_op=per_op, keep=bool(html_dir))
     perfs = result.pop("_perf", {})
     print(format_tables(result))
     if json_path:

@@ -18,14 +18,14 @@ from .progress import Progress
 def add_commands(sub: Any) -> None:
     """Register ``bench`` and ``kernel`` on the ``fusegraph`` sub-command parser."""
     b = sub.add_parser("bench", help="model the decode performance of bundled models (cost model on the "
-                       "interpreter profile) and compare with the published figures")
+                       "interpreter profile of the kernel the pipeline builds) and compare with the published "
+                       "figures; a model/target the pipeline refuses is reported as not run, with the reason")
     b.add_argument("--models", default="qwen3-30b-a3b,llama3-8b", help="comma-separated bundled names")
     b.add_argument("--targets", default="trn2,trn3")
     b.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
     b.add_argument("--cache-len", type=int, default=640)
     b.add_argument("--json", default="bench-results/perf.json", help="where to write the JSON results")
     b.add_argument("--html-dir", default=None, help="also write one HTML report per model/target")
-    b.add_argument("--synthetic", action="store_true", help="build kernels from the configs, not by capture")
     b.add_argument("--no-per-op", action="store_true", help="skip the per-op baselines")
     b.set_defaults(func=cmd_bench)
 
@@ -49,7 +49,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_and_write
 
     run_and_write(args.models.split(","), args.targets.split(","), layers=args.layers, cache_len=args.cache_len,
-                  synthetic=args.synthetic, per_op=not args.no_per_op, json_path=args.json, html_dir=args.html_dir)
+                  per_op=not args.no_per_op, json_path=args.json, html_dir=args.html_dir)
     return 0
 
 
@@ -87,7 +87,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
 def write_report_html(args: argparse.Namespace, cap: Any, report: Any) -> str:
     """``fusegraph report --html``: the capture's graph/regions/decisions plus the modeled kernel of the model."""
     from . import html
-    from .analysis import analyze_model
+    from .analysis import NotRun, analyze_model
 
     progress = Progress(None)
     target = getattr(cap.session.settings, "target", "trn2") or "trn2"
@@ -99,6 +99,9 @@ def write_report_html(args: argparse.Namespace, cap: Any, report: Any) -> str:
         perf = perfs[target]
     except Exception as e:  # noqa: BLE001 - the capture part of the report is still worth writing
         print(f"(no modeled performance in the HTML report: {type(e).__name__}: {e})", file=sys.stderr)
+    if isinstance(perf, NotRun):
+        print(f"(no modeled performance in the HTML report: the kernel was not run: {perf.reason})", file=sys.stderr)
+        perf = None
     data = report.to_dict() if hasattr(report, "to_dict") else dict(report or {})
     text = html.render(title=f"fusegraph report: {args.model}", perf=perf.to_dict() if perf else None,
                        program=cap.program, analysis=getattr(report, "analysis", None), report=data,

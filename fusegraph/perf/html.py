@@ -369,7 +369,7 @@ def render(*, title: str, perf: Mapping[str, Any] | None = None, program: Any = 
         s = perf.get("strategies", {})
         lim = perf.get("limit", {})
         sub = (f'target {perf["target"]}, {perf.get("layers")} layers, KV cache {perf.get("cache_len")} positions, '
-               f'kernel built by the {perf.get("origin")} path')
+               'kernel built by the capture -> match -> codegen pipeline')
         parts.append(f'<p class="sub">{_e(sub)}</p>')
         cards = [(_ms(s.get("megakernel", {}).get("seconds_per_token")) + " ms", "megakernel, modeled per token (one core)")]
         if "per_op" in s:

@@ -3,11 +3,20 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_builds():
-    """The tiny Qwen3-MoE decode megakernel built from its config (no capture), profiled on trn2 and trn3."""
-    from fusegraph.perf.analysis import build_kernels
+def tiny_perfs():
+    """The full pipeline (capture -> match -> codegen -> profile -> cost model) on the tiny MoE model (cache of 64
+    positions), on trn2 and trn3: one capture shared by both targets."""
+    from fusegraph.perf.analysis import ModelPerf, analyze_model
 
-    return build_kernels("qwen3-moe-tiny", ["trn2", "trn3"], cache_len=64, prefer="synthetic")
+    perfs = analyze_model("qwen3-moe-tiny", ["trn2", "trn3"], cache_len=64)
+    assert all(isinstance(p, ModelPerf) for p in perfs.values()), perfs
+    return perfs
+
+
+@pytest.fixture(scope="session")
+def tiny_builds(tiny_perfs):
+    """The tiny Qwen3-MoE decode megakernel the pipeline builds, profiled on trn2 and trn3."""
+    return {t: p.build for t, p in tiny_perfs.items()}
 
 
 @pytest.fixture(scope="session")
@@ -17,8 +26,6 @@ def tiny_program(tiny_perf):
 
 
 @pytest.fixture(scope="session")
-def tiny_perf():
-    """The full pipeline (capture -> match -> codegen -> profile -> cost model) on the tiny MoE model, trn2."""
-    from fusegraph.perf.analysis import analyze_model
-
-    return analyze_model("qwen3-moe-tiny", ["trn2"], cache_len=64)["trn2"]
+def tiny_perf(tiny_perfs):
+    """The tiny MoE model on trn2."""
+    return tiny_perfs["trn2"]

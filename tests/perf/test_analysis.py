@@ -48,15 +48,15 @@ def test_per_layer_and_region_breakdown(tiny_builds):
 
 def test_the_model_sees_kernel_structure():
     """Smaller weight chunks (more, smaller DMAs) and a shallower ring must not be modeled as faster."""
+    from fusegraph.codegen.build import build_decode_kernel
     from fusegraph.codegen.megakernel import generate
 
-    from fusegraph.perf.analysis import model_config, profile_shape_only
+    from fusegraph.perf.analysis import profile_shape_only
     from fusegraph.perf.kernelview import build_view
-    from fusegraph.perf.synthetic import decode_program
 
     hw = load_params("trn2")
-    cfg = dict(model_config("qwen3-moe-tiny"), num_hidden_layers=1)
-    prog = decode_program(cfg, cache_len=64)
+    prog = build_decode_kernel("qwen3-moe-tiny", target="trn2", profile=False,
+                               case_kwargs={"num_layers": 1, "max_cache_len": 64}).lowered.program
 
     def modeled(**kw):
         gen = generate(prog, target="trn2", **kw)
@@ -78,12 +78,12 @@ def test_shard_overrides():
                  "moe_intermediate_size": 96, "vocab_size": 19072}
 
 
-def test_like_for_like_runs_on_the_synthetic_path():
+def test_like_for_like_runs_on_the_pipeline_kernel():
     from fusegraph.perf.analysis import analyze_model
 
-    perf = analyze_model("qwen3-moe-tiny", ["trn3"], cache_len=64, prefer="synthetic", like_for_like=True,
-                         per_op=False)["trn3"]
+    perf = analyze_model("qwen3-moe-tiny", ["trn3"], cache_len=64, like_for_like=True, per_op=False)["trn3"]
     lfl = perf.to_dict()["like_for_like"]
+    assert lfl["status"] == "run", lfl
     assert lfl["cores"] == 8 and lfl["shard_overrides"]["num_attention_heads"] == 1
     rows = {(r["quantity"], r["strategy"]) for r in lfl["calibration"]}
     assert ("per-layer wall", "megakernel") in rows and ("ms/token", "megakernel") in rows
@@ -93,3 +93,13 @@ def test_like_for_like_runs_on_the_synthetic_path():
     assert set(slower) == {"DMA as slow per byte as measured", "Tensor engine as slow as measured", "both"}
     assert slower["both"] >= max(slower["DMA as slow per byte as measured"], base) * 0.999
     assert len(lfl["sensitivity"]) == 6
+
+
+def test_a_kernel_that_fits_no_target_is_not_run():
+    """At 32768 positions the attention scratch alone is 512 KiB per partition: the pipeline refuses on every
+    target, so there is nothing to model (this used to end in a BudgetError traceback)."""
+    from fusegraph.perf.analysis import NotRun, build_kernels
+
+    (nr,) = build_kernels("llama-tiny", ["trn3"], layers=1, cache_len=32768).values()
+    assert isinstance(nr, NotRun) and nr.stage == "codegen" and nr.program is not None
+    assert nr.reason.startswith("BudgetError: the kernel needs ") and "trn3 has" in nr.reason

@@ -28,13 +28,32 @@ def test_kernel_command_accepts_module_function(tmp_path, monkeypatch, capsys):
 def test_bench_command(tmp_path, capsys):
     out = tmp_path / "perf.json"
     assert main(["bench", "--models", "qwen3-moe-tiny", "--targets", "trn3", "--layers", "1", "--cache-len", "32",
-                 "--synthetic", "--json", str(out)]) == 0
+                 "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "(c) megakernel ms" in text and "qwen3-moe-tiny" in text
     data = json.loads(out.read_text())
     row = data["rows"][0]
+    assert row["status"] == "run"
     assert row["megakernel_launches"] == 1 and row["megakernel_ms"] < row["per_op_ms"]
     assert data["like_for_like"] == []  # no published figures for the tiny model
+
+
+def test_bench_reports_a_kernel_the_pipeline_refuses_as_not_run(tmp_path, capsys):
+    """8192 positions: the attention scratch of the kernel needs 224 KiB of SBUF per partition; trn2 has 208 KiB
+    usable, trn3 240. The trn2 row is not run (no kernel built some other way, no traceback), trn3 still runs."""
+    out = tmp_path / "perf.json"
+    assert main(["bench", "--models", "llama-tiny", "--targets", "trn2,trn3", "--layers", "1", "--cache-len", "8192",
+                 "--no-per-op", "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    rows = {r["target"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["trn2"]["status"] == "not run" and rows["trn2"]["stage"] == "codegen"
+    assert rows["trn2"]["reason"].startswith("BudgetError: the kernel needs ")
+    assert "SBUF per partition but trn2 has" in rows["trn2"]["reason"] and "\n" not in rows["trn2"]["reason"]
+    assert "megakernel_ms" not in rows["trn2"]
+    assert rows["trn3"]["status"] == "run" and rows["trn3"]["megakernel_ms"] > 0
+    lines = [ln for ln in captured.out.splitlines() if ln.startswith("llama-tiny  trn2")]
+    assert len(lines) == 2 and all("not run: BudgetError: the kernel needs " in ln for ln in lines)  # both tables
 
 
 def test_report_html_flag(tmp_path):

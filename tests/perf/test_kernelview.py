@@ -54,7 +54,8 @@ def test_view_matches_the_profile(tiny_builds):
     assert "L0.experts.experts" in regions and "L1.gate.router" in regions and "top.lm_head.linear" in regions
     # every weight chunk DMA is attributed to the instruction that uses it
     chunk = next(ln for ln in view.lines if ln.name.startswith("L1.q_proj.linear.w"))
-    assert chunk.region == "L1.q_proj.linear" and chunk.dmas[0]["src_tensor"] == "l1_q_proj_weight"
+    src = chunk.dmas[0]["src_tensor"]
+    assert chunk.region == "L1.q_proj.linear" and src.startswith("l1_") and src.endswith("q_proj_weight"), src
     expert = next(ln for ln in view.lines if ln.region == "L0.experts.experts" and ln.dmas)
     assert expert.indirect == "scalar"  # the expert id is a runtime offset (the profile's dmas[].indirect)
     assert all(d["indirect"] == "scalar" for d in expert.dmas)

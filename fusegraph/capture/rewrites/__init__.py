@@ -10,6 +10,7 @@ from .base import (
 )
 from . import hf_eager_experts as _hf_eager_experts  # noqa: F401  (registers the built-in rewrites)
 from . import hf_layer_reuse as _hf_layer_reuse  # noqa: F401
+from . import quantized_linear as _quantized_linear  # noqa: F401
 
 __all__ = [
     "CaptureRewrite",

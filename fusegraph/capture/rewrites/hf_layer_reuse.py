@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import Any, Iterable
 
 import torch
+from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from .base import CaptureRewrite, fusegraph_setting, hf_modeling_classes, original_forward, register_capture_rewrite
 
@@ -234,6 +235,28 @@ def _layer_region(layer: torch.nn.Module, cache_kw: str, spec: str, keys: torch.
     return original_forward(type(layer))(layer, *args, **kwargs)
 
 
+def _symbolic_shapes(*values: Any) -> bool:
+    """Whether a region argument has a symbolic (dynamic) size. Traced by dynamo, which answers
+    ``has_static_value`` at trace time (``isinstance(size, torch.SymInt)`` would not do: dynamo shows a ``SymInt``
+    as an ``int``), so the answer is a constant of the trace and adds no guard."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            for d in v.shape:
+                if not has_static_value(d):
+                    return True
+    return False
+
+
+@torch._dynamo.assume_constant_result
+def _reuse_off_for_dynamic_shapes(layer_idx: int) -> bool:
+    """Log (run eagerly at trace time) that this layer is traced without reuse. Dynamo's region reuse cannot stamp
+    out a trace whose inputs have symbolic sizes (torch 2.13: ``KeyError`` in ``stamp_out_subgraph`` once a size
+    symbol is specialized inside the region), and reuse only saves tracing time, so the layer is traced as without
+    ``reuse_layer_traces``; the checks then refuse the dynamic shapes themselves, with their own warning."""
+    log.debug("layer reuse off for decoder layer %s: dynamo traces it with dynamic shapes", layer_idx)
+    return True
+
+
 def forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The layer's own forward, through the reusable region when the cache allows it."""
     original = original_forward(type(module))
@@ -252,6 +275,8 @@ def forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         return original(module, *args, **kwargs)
     spec, leaves = flat
     layer = layers[idx]
+    if _symbolic_shapes(layer.keys, layer.values, *leaves) and _reuse_off_for_dynamic_shapes(idx):
+        return original(module, *args, **kwargs)
     return _layer_region(module, cache_kw, spec, layer.keys, layer.values, layer.cumulative_length, *leaves)
 
 

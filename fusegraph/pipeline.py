@@ -20,9 +20,10 @@ from .capture.rewrites.hf_layer_reuse import allow_region_fallback
 from .capture.session import CaptureSession, session_for
 from .executors import get_executor
 from .capture.paths import current_frame_modules
+from .capture.quantized import warn_quantized
 from .program.build import DynamoInput, add_graph
 from .settings import Settings
-from .warnings import warn
+from .warnings import one_line, warn
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
         session.paths.refresh(session.program)
         session.add_links(index, producers)
         session.add_break(index, reason)
+        warn_quantized(session, index)
         runner = _make_runner(session, index, settings)
         compiled = lambda *args: runner(args)  # noqa: E731
     except CaptureRefused as refused:
@@ -84,7 +86,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
         if settings.pass_through_build_failures:
             raise
         session.refusals.append(_refusal(index, f"{type(e).__name__}: {e}"))
-        warn(f"graph {index}: capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); running it eagerly")
+        warn(f"graph {index}: capture failed ({one_line(e)}); running it eagerly")
         log.debug("capture failure", exc_info=True)
         compiled = gm.forward
     session.compile_seconds += time.perf_counter() - t0
@@ -141,6 +143,16 @@ def _make_runner(session: CaptureSession, index: int, settings: Settings) -> Cal
         name = "eager"
         runner = get_executor("eager").compile(session.program, index, settings)
     session.executors[index] = name
+    return runner
+
+
+def compile_program(session: CaptureSession, index: int, settings: Settings) -> Callable:
+    """The executor's runner for graph ``index`` already added to ``session.program`` by a frontend that does not
+    come from dynamo (the JAX/StableHLO frontend): same executor choice and eager fallback as the backend, and
+    the fused-region report when ``report``/``dryrun`` ask for it."""
+    runner = _make_runner(session, index, settings)
+    if settings.report or settings.dryrun:
+        _report(session, settings)
     return runner
 
 

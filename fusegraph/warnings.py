@@ -24,5 +24,11 @@ def warn(message: str) -> None:
     warnings.warn(text, FusegraphWarning, stacklevel=3)
 
 
+def one_line(e: BaseException) -> str:
+    """``Type: first line of the message``: how a warning names an exception."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
 def reset_warnings() -> None:
     _seen.clear()

@@ -22,7 +22,7 @@ import networkx as nx
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
 from ..program import InputKind
-from ..warnings import warn
+from ..warnings import one_line, warn
 from .canonicalize import HAZARD, CanonicalView, is_layout_preserving
 from .pattern import Pattern
 from .reach import Reach
@@ -362,8 +362,10 @@ def run_check(c: Candidate, cv: CanonicalView, disabled: dict[str, str], quiet: 
                 return f"check: {ok}"
         if p.derive is not None:
             c.params.update(dict(p.derive(ctx) or {}))
-    except Exception as e:  # noqa: BLE001 - a plugin's bug must not break the compile
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a plugin's bug (even a SystemExit) must not break the compile
+        msg = one_line(e)
         disabled[p.name] = f"check/derive raised {msg}"
         if not quiet:
             warn(f"pattern {p.name!r} ({p.source}) raised in check/derive ({msg}); the pattern is disabled for this compile")

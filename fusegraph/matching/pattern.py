@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from ..warnings import warn
+from ..warnings import one_line, warn
 
 log = logging.getLogger(__name__)
 
@@ -281,8 +281,10 @@ class PatternRegistry:
                     if p.source == "user":
                         p.source = ep.name
                     self.register(p)
-            except Exception as e:  # noqa: BLE001 - any plugin failure leaves the compile working
-                msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # noqa: BLE001 - any plugin failure (SystemExit of an import-time argparse too) leaves the compile working
+                msg = one_line(e)
                 self.plugin_errors[ep.name] = msg
                 warn(f"pattern plugin {ep.name!r} ({ep.value}) failed to load ({msg}); continuing without it")
             finally:

@@ -29,6 +29,7 @@ import networkx as nx
 import torch
 
 from ..program import Program
+from ..warnings import one_line
 from .canonicalize import HAZARD, CanonicalView, canonicalize
 from .pattern import Implementation, Input, Pattern, keyword_names
 
@@ -424,10 +425,12 @@ def _compile_dtype(pattern: Pattern, cache_dir: str, dtype: str) -> list[Compile
                     v = _compile_one(pattern, impl, case, dtype, slot_sigs)
                 except PatternTraceError as e:
                     raise PatternTraceError(f"implementation {impl.name!r} ({dtype}, case {dict(case)}): {e}") from None
-                except Exception as e:  # noqa: BLE001 - any tracing failure is a broken pattern
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as e:  # noqa: BLE001 - any tracing failure is a broken pattern
                     raise PatternTraceError(
-                        f"implementation {impl.name!r} ({dtype}, case {dict(case)}) failed to trace: "
-                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                        f"implementation {impl.name!r} ({dtype}, case {dict(case)}) failed to trace: {one_line(e)}"
+                    ) from e
                 key = _structure_key(v)
                 if key in seen:
                     continue

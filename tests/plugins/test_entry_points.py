@@ -14,6 +14,7 @@ PLUGINS = {
     "broken_import": "fg_broken_import",
     "untraceable": "fg_untraceable:make_patterns",
     "bad_check": "fg_badcheck",
+    "sysexit": "fg_sysexit",
 }
 
 
@@ -30,7 +31,7 @@ def plugins(tmp_path, monkeypatch):
     REGISTRY.reload_plugins()
     yield
     monkeypatch.undo()
-    for mod in [m for m in sys.modules if m.startswith(("fg_testplugin", "fg_broken", "fg_untraceable", "fg_badcheck"))]:
+    for mod in [m for m in sys.modules if m.startswith(("fg_testplugin", "fg_broken", "fg_untraceable", "fg_badcheck", "fg_sysexit"))]:
         del sys.modules[mod]
     REGISTRY.reload_plugins()
     for p in registered_patterns():  # the next test sees the built-ins only
@@ -57,6 +58,8 @@ def test_plugins_are_discovered_matched_and_broken_ones_warn_once(plugins, tmp_p
         hits = [m for m in msgs if name in m]
         assert len(hits) == 1, (name, msgs)
     assert any("broken_import" in m and "failed to load" in m for m in msgs)
+    # a plugin that exits at import (module-level argparse) is contained: one warning, the process goes on
+    assert len([m for m in msgs if "'sysexit'" in m and "failed to load" in m and "SystemExit" in m]) == 1, msgs
     assert any("fguntraceable.branchy" in m and "could not be traced" in m for m in msgs)
     assert any("fgbadcheck.exp_add" in m and "check/derive" in m for m in msgs)
 

@@ -58,7 +58,8 @@ def arg_specs(program: ir.KernelProgram, layouts: dict[str, Layout]) -> dict[str
             add(ins.bias, f"bias:{lo}", lambda t, lo=lo: W.per_feature(t, lo), torch.float32)
         elif isinstance(ins, ir.RMSNorm) and ins.weight is not None:
             per_head = ins.group != ins.x.features
-            lay = Layout(ins.group, 1) if per_head else layouts[ins.x.name]
+            xl = layouts[ins.x.name]  # a head split over S partition tiles: [P, S], one column per tile
+            lay = (Layout(ins.group, 1) if xl.split == 1 else Layout(xl.P, xl.split)) if per_head else xl
             dtype = torch.float32 if (per_head or ins.weight_offset or ins.center) else ins.weight.dtype
             add(ins.weight, f"norm:{lay}:{ins.weight_offset}",
                 lambda t, lay=lay, off=ins.weight_offset: W.per_feature(t, lay, offset=off), dtype)

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from . import ir
+from . import weights as W
 from .errors import CodegenError
 from .layout import PMAX, Layout
 from .render import ACTIVATIONS, nl_dtype, render
@@ -116,10 +117,7 @@ def emit(ins: ir.Instruction, ctx: Context, index: int) -> Emitted:
 def _embed(ins: ir.Embed, ctx: Context, i: int) -> Emitted:
     lay = ctx.layout(ins.out)
     H = ins.table.shape[1]
-    if lay.pmajor:
-        pattern = [[lay.FT, lay.P], [1, lay.FT]]
-    else:
-        pattern = [[1, lay.P], [lay.P, lay.FT]]
+    pattern = lay.row_pattern()
     e = Emitted(sbuf=lay.FT * ctx.tokens * _bytes(ins.out.dtype) + 4 * ctx.tokens)
     assert lay.features == H
     e.code("embed.j2", module=ins.module or "embed_tokens", aten=_aten(ins), name=_inst_name(ins), T=ctx.tokens,
@@ -145,7 +143,7 @@ def _sigmoid_gate(ins: ir.ScalarGate, ctx: Context, i: int) -> Emitted:
 def _load(ins: ir.Load, ctx: Context, i: int) -> Emitted:
     lay = ctx.layout(ins.out)
     F, T = ins.out.features, ctx.tokens
-    pattern = [[lay.FT, lay.P], [1, lay.FT], [F, T]] if lay.pmajor else [[1, lay.P], [lay.P, lay.FT], [F, T]]
+    pattern = lay.row_pattern() + [[F, T]]
     e = Emitted()
     e.code("load.j2", what=ins.src.name, T=T, F=F, P=lay.P, FT=lay.FT, out=ctx.var(ins.out), src=ctx.var(ins.src),
            pattern=pattern, dtype=nl_dtype(ins.out.dtype), name=_inst_name(ins))
@@ -157,10 +155,10 @@ def _rmsnorm(ins: ir.RMSNorm, ctx: Context, i: int) -> Emitted:
     lay = ctx.layout(ins.x)
     T = ctx.tokens
     per_head = ins.group != ins.x.features
-    if per_head and lay.P != ins.group:
+    if per_head and lay.P * lay.split != ins.group:
         raise CodegenError(f"per-head norm over {ins.group} features needs them on partitions (layout has {lay.P})")
-    if per_head and lay.FT * T > PSUM_FREE_FP32:
-        raise CodegenError(f"per-head norm of {lay.FT} heads x {T} tokens exceeds one PSUM bank")
+    if per_head and lay.heads * T > PSUM_FREE_FP32:
+        raise CodegenError(f"per-head norm of {lay.heads} heads x {T} tokens exceeds one PSUM bank")
     if ins.center and per_head:
         raise CodegenError("per-head LayerNorm has no template")
     v = ctx.var(ins.out)
@@ -174,7 +172,7 @@ def _rmsnorm(ins: ir.RMSNorm, ctx: Context, i: int) -> Emitted:
            P=lay.P, FT=lay.FT, T=T, x=ctx.var(ins.x), out=v, sq=f"{v}_sq", ss=f"{v}_ss", rstd=f"{v}_rstd",
            xn=f"{v}_xn", ones=ctx.consts["ones"], eps=repr(float(ins.eps)), inv_n=repr(1.0 / ins.group),
            weight=weight, center=ins.center, xf=f"{v}_xf", ms=f"{v}_ms", nmean=f"{v}_nmean", xc=f"{v}_xc",
-           neg_inv_n=repr(-1.0 / ins.group), xw=xw,
+           neg_inv_n=repr(-1.0 / ins.group), xw=xw, split=lay.split if per_head else 1, H=lay.heads,
            xdtype=nl_dtype(ins.x.dtype), dtype=nl_dtype(ins.out.dtype))
     if ins.bias is not None:  # its chunk is used after the weight's, so a ring of one buffer still works
         bias = _norm_param_chunk(e, ins.bias, ctx, f"{_inst_name(ins)}.b", i)
@@ -183,8 +181,8 @@ def _rmsnorm(ins: ir.RMSNorm, ctx: Context, i: int) -> Emitted:
 
 
 def _norm_param_chunk(e: Emitted, w: ir.Value | None, ctx: Context, name: str, i: int) -> str | None:
-    """Stream a norm's per-feature parameter: per-head norms get a per-partition fp32 scalar ([D, 1]), hidden
-    norms a [P, FT] tile."""
+    """Stream a norm's per-feature parameter: per-head norms get a per-partition fp32 scalar ([D, 1]; a head split
+    over S partition tiles: [P, S], one column per tile), hidden norms a [P, FT] tile."""
     if w is None:
         return None
     shape, dt = ctx.shape(w), ctx.kdtype(w)
@@ -265,12 +263,37 @@ def _rope(ins: ir.Rope, ctx: Context, i: int) -> Emitted:
         raise CodegenError(f"RoPE over {lay.FT} heads x {T} tokens exceeds one PSUM bank")
     v = ctx.var(ins.out)
     e = Emitted(sbuf=3 * lay.FT * T * _bytes(ins.out.dtype), psum_banks=1)
+    if lay.split != 1:
+        return _rope_split(ins, ctx, lay, e)
     e.code("rope.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), P=lay.P, FT=lay.FT, T=T,
            rot=f"{v}_rot", rotation=ctx.consts[f"rotation:{lay.P}:{rotary_key(ins)}:{ins.x.dtype}"],
-           x=ctx.var(ins.x),
+           x=ctx.var(ins.x), split=1,
            a=f"{v}_a", b=f"{v}_b", out=v, dtype=nl_dtype(ins.out.dtype),
-           cos=ctx.inputs[f"cos:{lay.FT}"], sin=ctx.inputs[f"sin:{lay.FT}"])
+           cos=ctx.inputs[rope_table_key("cos", lay)], sin=ctx.inputs[rope_table_key("sin", lay)])
     return e
+
+
+def _rope_split(ins: ir.Rope, ctx: Context, lay: Layout, e: Emitted) -> Emitted:
+    """RoPE on heads split over partition tiles (head_dim > 128): rotate_half maps tile j to tile j +- S/2, so
+    when every block of the rotation is a signed identity it is a signed copy per tile (out_j = x_j cos_j +- x_i
+    sin_j, no matmul, exact like the eager negation); other rotations (partial, interleaved) contract over the
+    tiles with one [P, P] block matmul each, accumulated in PSUM."""
+    matrix = W.rotate_half_matrix(ins.head_dim, ins.x.dtype, ins.rotary_dim, ins.interleaved)
+    blocks = W.rotation_blocks(matrix, lay.P)
+    swap = W.rotation_is_tile_swap(blocks)
+    v = ctx.var(ins.out)
+    rotation = "" if swap else ctx.consts[f"rotation:{ins.head_dim}:{rotary_key(ins)}:{ins.x.dtype}"]
+    e.code("rope.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), P=lay.P, FT=lay.FT, T=ctx.tokens,
+           split=lay.split, H=lay.heads, D=ins.head_dim, blocks=blocks, swap=swap, rot=f"{v}_rot",
+           rotation=rotation, x=ctx.var(ins.x), a=f"{v}_a", b=f"{v}_b", out=v, dtype=nl_dtype(ins.out.dtype),
+           cos=ctx.inputs[rope_table_key("cos", lay)], sin=ctx.inputs[rope_table_key("sin", lay)])
+    return e
+
+
+def rope_table_key(which: str, lay: Layout) -> str:
+    """The per-step cos/sin table (``which``) a RoPE on values of layout ``lay`` reads: one per layout, loaded
+    once per step and shared by every layer."""
+    return f"{which}:{lay.FT}" if lay.split == 1 else f"{which}:{lay.heads}x{lay.split}:{lay.P}"
 
 
 def rotary_key(ins: ir.Rope) -> str:
@@ -283,9 +306,14 @@ def _kv_write(ins: ir.KVWrite, ctx: Context, i: int) -> Emitted:
     B, H, L, D = ins.cache.shape
     if B != ctx.tokens:
         raise CodegenError(f"KV cache batch {B} != {ctx.tokens} decode tokens (multi-token steps are not supported)")
+    lay = ctx.layout(ins.value)
+    if lay.P * lay.split != D or lay.heads != H:
+        raise CodegenError(f"KV write of {lay.heads} heads of {lay.P * lay.split} features into a cache of {H} x {D}")
     e = Emitted()
+    # a head split over partition tiles (D > 128) is written from its tiles: P features per tile, tile stride P
     e.code("kv_write.j2", module=ins.module or "", aten=_aten(ins), name=_inst_name(ins), T=ctx.tokens, D=D, H=H, L=L,
-           cache=ctx.var(ins.cache), index=ctx.inputs["kv_index"], value=ctx.var(ins.value), half=ctx.split(H))
+           cache=ctx.var(ins.cache), index=ctx.inputs["kv_index"], value=ctx.var(ins.value), half=ctx.split(H),
+           split=lay.split, P=lay.P)
     return e
 
 
@@ -301,12 +329,16 @@ def _attention(ins: ir.Attention, ctx: Context, i: int) -> Emitted:
     T = ctx.tokens
     if Hq != Hkv * G:
         raise CodegenError(f"{Hq} query heads are not {Hkv} kv heads x {G}")
-    if G > PMAX or D > PMAX:
+    lay = ctx.layout(ins.q)
+    S = lay.split  # partition tiles per head (D > 128): q.k^T accumulates over them, P.V yields one per tile
+    if ctx.layout(ins.out) != lay or lay.P * S != D:
+        raise CodegenError(f"attention over heads of {D} features needs q and out split alike ({lay}, {ctx.layout(ins.out)})")
+    if G > PMAX or lay.P > PMAX or S * G > PSUM_FREE_FP32:
         raise CodegenError(f"attention group {G} or head size {D} exceeds {PMAX} partitions")
     v = ctx.var(ins.out)
     kvb = _bytes(ins.k_cache.dtype)
     qb = _bytes(ins.q.dtype)
-    e = Emitted(sbuf=L * kvb + L * (4 + 4 + qb) + (L * _bytes(ins.mask.dtype)) + 2 * D * kvb * max(1, L // PMAX)
+    e = Emitted(sbuf=S * L * kvb + L * (4 + 4 + qb) + (L * _bytes(ins.mask.dtype)) + 2 * D * kvb * max(1, L // PMAX)
                 + Hq * T * qb,
                 psum_banks=3)
     # bf16 eager attention rounds after the matmul, the scale and the mask add; SDPA keeps scores in fp32
@@ -322,7 +354,7 @@ def _attention(ins: ir.Attention, ctx: Context, i: int) -> Emitted:
            softcap=repr(float(ins.softcap)) if ins.softcap else "", inv_softcap=repr(1.0 / ins.softcap) if ins.softcap else "",
            scale_over_cap=repr(float(ins.scale) / ins.softcap) if ins.softcap else "",
            g_range=f"pid * {ctx.split(Hkv)}, pid * {ctx.split(Hkv)} + {ctx.split(Hkv)}" if ctx.split(Hkv) else str(Hkv),
-           half=ctx.split(Hkv) * G if ctx.split(Hkv) else 0, whole=L > PMAX and L % PMAX == 0)
+           half=ctx.split(Hkv) * G if ctx.split(Hkv) else 0, whole=L > PMAX and L % PMAX == 0, split=S, P=lay.P)
     return e
 
 
@@ -363,7 +395,7 @@ def _router(ins: ir.Router, ctx: Context, i: int) -> Emitted:
     if ins.top_k > 8:
         raise CodegenError(f"top-{ins.top_k} routing: the template handles k <= 8 (one max8)")
     v = ctx.var(ins.weights)
-    e = Emitted(sbuf=E * 4 * 3 + E * _bytes(ins.weights.dtype) + 64, psum_banks=1)
+    e = Emitted(sbuf=E * 4 * 4 + E * _bytes(ins.weights.dtype) + 128, psum_banks=1)
     w = ctx.var(ins.weight)
     chunk = Chunk(shape=ctx.shape(ins.weight), dtype=nl_dtype(ins.weight.dtype), src=w, name=f"{_inst_name(ins)}.w",
                   earliest=0, nbytes_per_partition=lay.FT * E * _bytes(ins.weight.dtype))
@@ -372,7 +404,16 @@ def _router(ins: ir.Router, ctx: Context, i: int) -> Emitted:
            K=ins.top_k, normalize=ins.normalize, x=ctx.var(ins.x), w=chunk.token, dtype=nl_dtype(ins.weights.dtype),
            lps=f"{v}_lps", logits=f"{v}_logits", negmax=f"{v}_negmax", e=f"{v}_e", ssum=f"{v}_ssum",
            rsum=f"{v}_rsum", probs=f"{v}_probs", top8=f"{v}_top8", indices=ctx.var(ins.indices), weights=v,
-           ksum=f"{v}_ksum", krs=f"{v}_krs")
+           ksum=f"{v}_ksum", krs=f"{v}_krs", rest=f"{v}_rest", next8=f"{v}_next8", tie_t=f"{v}_tie",
+           tie=ctx.var(ins.tie) if ins.tie is not None else None, tie_first=ins.tie_first)
+    return e
+
+
+@emitter(ir.Guard)
+def _guard(ins: ir.Guard, ctx: Context, i: int) -> Emitted:
+    e = Emitted()
+    e.code("guard.j2", reason=ins.reason, T=ctx.tokens, dst=ctx.var(ins.dst), x=ctx.var(ins.x), name=_inst_name(ins),
+           only_core0=ctx.lnc == 2)
     return e
 
 
@@ -538,9 +579,11 @@ def _store(ins: ir.Store, ctx: Context, i: int) -> Emitted:
     lay = ctx.layout(ins.x)
     F = ins.x.features
     # partition-major: FT contiguous features per partition; chunk-major: one element per descriptor (slow)
-    half = ctx.split(lay.FT) if ins.x.name in ctx.store_only else 0
+    half = ctx.split(lay.FT) if ins.x.name in ctx.store_only and lay.split == 1 else 0
     n = half or lay.FT
     pattern = [[lay.FT, lay.P], [1, n], [F, ctx.tokens]] if lay.pmajor else [[1, lay.P], [lay.P, n], [F, ctx.tokens]]
+    if lay.split != 1:  # a head-split value (heads > 128 partitions): whole, from both tile dims
+        pattern = lay.row_pattern() + [[F, ctx.tokens]]
     offset = (f"pid * {half}" if lay.pmajor else f"pid * {half * lay.P}") if half else "0"
     src = f"{ctx.var(ins.x)}[:, nl.ds(pid * {half}, {half}), :]" if half else ctx.var(ins.x)
     e = Emitted()

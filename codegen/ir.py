@@ -187,7 +187,10 @@ class ScalarGate(Instruction):
 
 @dataclass
 class Router(Instruction):
-    """Softmax over experts (fp32), top-k, optional renormalization; routing weights cast to ``weights.dtype``."""
+    """Softmax over experts (fp32), top-k, optional renormalization; routing weights cast to ``weights.dtype``.
+
+    The k experts are distinct; among equal probabilities the lower expert index comes first (what
+    ``jax.lax.top_k`` documents; torch.topk leaves it to the implementation)."""
 
     opcode: ClassVar[str] = "router"
     x: Value
@@ -196,7 +199,12 @@ class Router(Instruction):
     indices: Value  # ROUTING [T, K] int32
     top_k: int
     normalize: bool
-    output_fields: ClassVar[tuple[str, ...]] = ("weights", "indices")
+    #: the kernel's router-tie flag [T, 1] fp32 (ROUTING), shared by every router of the kernel: set to 1 for a
+    #: token whose k-th and (k+1)-th probabilities are equal (torch.topk's choice between them is
+    #: implementation-defined, so the executor recomputes such a step eagerly); the first router initializes it
+    tie: Value | None = None
+    tie_first: bool = False
+    output_fields: ClassVar[tuple[str, ...]] = ("weights", "indices", "tie")
 
 
 @dataclass
@@ -245,6 +253,19 @@ class Store(Instruction):
     opcode: ClassVar[str] = "store"
     x: Value
     dst: Value  # OUTPUT
+    output_fields: ClassVar[tuple[str, ...]] = ()
+
+
+@dataclass
+class Guard(Instruction):
+    """Store a guard flag ([T, 1] fp32, 0 or 1, token-major) to an HBM output. A set flag tells the executor that
+    the kernel's result for this step may differ from eager for a reason the kernel can detect but not resolve
+    (``reason``), so the step is recomputed on the eager path."""
+
+    opcode: ClassVar[str] = "guard"
+    x: Value  # ROUTING [T, 1]
+    dst: Value  # OUTPUT [T, 1]
+    reason: str = ""
     output_fields: ClassVar[tuple[str, ...]] = ()
 
 

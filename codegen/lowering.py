@@ -59,6 +59,8 @@ class Lowered:
     args: dict[str, ArgSource]  # kernel argument name -> where its value comes from
     outputs: dict[str, str]  # kernel output value name -> program node it provides
     state: dict[str, str]  # state value name -> program input node (written in place)
+    #: guard output value name -> why a set flag sends the step to the eager path (see :class:`~.ir.Guard`)
+    guards: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -105,6 +107,7 @@ class _Lowerer:
         self.state: dict[str, str] = {}
         self.aliases: dict[str, str] = {}  # program node -> node whose kernel value it is (in-place writes)
         self.matched_nodes: set[str] | None = None  # every node some match of the region covers (lazily)
+        self.router_tie: ir.Value | None = None  # the routers' shared tie flag (see ir.Router.tie)
         self._names: set[str] = set()
 
     # ---- values ------------------------------------------------------------------------------------------
@@ -534,7 +537,14 @@ def _router(L: _Lowerer, m: Any) -> None:
         raise CodegenError(f"router match must export weights and indices (has {sorted(m.outputs)})")
     wv = L.new_act(w_node, _label(m, "w"), kind=V.ROUTING, shape=(L.T, top_k))
     iv = L.new_act(i_node, _label(m, "idx"), dtype=torch.int32, kind=V.ROUTING, shape=(L.T, top_k))
-    L.emit(ir.Router(x=x, weight=w, weights=wv, indices=iv, top_k=top_k, normalize=bool(m.params.get("normalize"))), m)
+    first = L.router_tie is None
+    tie = None
+    if w.shape[0] > top_k:  # with every expert chosen there is no boundary to tie at
+        if first:
+            L.router_tie = ir.Value(L._unique("router_tie"), V.ROUTING, (L.T, 1), torch.float32)
+        tie = L.router_tie
+    L.emit(ir.Router(x=x, weight=w, weights=wv, indices=iv, top_k=top_k, normalize=bool(m.params.get("normalize")),
+                     tie=tie, tie_first=first and tie is not None), m)
 
 
 @rule("moe_experts")
@@ -633,11 +643,19 @@ def lower_region(program: Any, region: Any, tokens: int, name: str = "fusegraph_
     if not outputs:
         raise CodegenError("region produces no value used after it")
     out_values = [next(i.dst for i in L.instructions if isinstance(i, ir.Store) and i.dst.name == n) for n in outputs]
+    guards: dict[str, str] = {}
+    if L.router_tie is not None:
+        reason = ("MoE router: equal expert probabilities at the top-k boundary (torch.topk's choice between them "
+                  "is implementation-defined)")
+        dst = ir.Value(L._unique("out_router_tie"), V.OUTPUT, (L.T, 1), torch.float32)
+        L.instructions.append(ir.Guard(x=L.router_tie, dst=dst, reason=reason))
+        guards[dst.name] = reason
+        out_values.append(dst)
     state_values = [L.values[n] for n in L.state.values()]
     prog = ir.KernelProgram(name=name, tokens=tokens, instructions=L.instructions, inputs=L.order,
                             outputs=out_values + state_values, meta={"region": getattr(region, "id", None)})
     return Lowered(program=prog, kernel_nodes=frozenset(L.kernel_nodes), host_nodes=frozenset(L.host_nodes),
-                   args=dict(L.args), outputs=outputs, state=dict(L.state))
+                   args=dict(L.args), outputs=outputs, state=dict(L.state), guards=guards)
 
 
 def _only_feeds(L: _Lowerer, node: str, inside: set[str]) -> bool:

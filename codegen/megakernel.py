@@ -27,7 +27,7 @@ import torch
 from . import ir
 from . import weights as W
 from .bind import ArgSpec, arg_specs
-from .emitters import Context, assign_names, emit, rotary_key
+from .emitters import Context, assign_names, emit, rope_table_key, rotary_key
 from .errors import CodegenError
 from .layout import PMAX, Layout
 from .plan import Budget, plan_layouts, sbuf_budget
@@ -50,7 +50,7 @@ class GeneratedKernel:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def _consts_needed(program: ir.KernelProgram) -> dict[str, torch.Tensor]:
+def _consts_needed(program: ir.KernelProgram, layouts: dict[str, Layout]) -> dict[str, torch.Tensor]:
     consts: dict[str, torch.Tensor] = {}
     T = program.tokens
     for ins in program.instructions:
@@ -59,7 +59,13 @@ def _consts_needed(program: ir.KernelProgram) -> dict[str, torch.Tensor]:
             consts["c_ones"] = W.ones(PMAX)
         elif isinstance(ins, ir.Rope):
             key = f"c_rot_{ins.head_dim}_{rotary_key(ins)}_{str(ins.x.dtype).split('.')[-1]}"
-            consts[key] = W.rotate_half_matrix(ins.head_dim, ins.x.dtype, ins.rotary_dim, ins.interleaved)
+            matrix = W.rotate_half_matrix(ins.head_dim, ins.x.dtype, ins.rotary_dim, ins.interleaved)
+            lay = layouts[ins.x.name]
+            if lay.split == 1:
+                consts[key] = matrix
+            elif not W.rotation_is_tile_swap(W.rotation_blocks(matrix, lay.P)):
+                # a head split over partition tiles: the matrix as [P, S, S, P] blocks (the half swap needs none)
+                consts[key] = W.rotation_tiles(matrix, lay.P)
         elif isinstance(ins, ir.Experts):
             consts[f"c_sel_{str(ins.weights.dtype).split('.')[-1]}"] = W.token_selectors(T, PMAX, ins.weights.dtype)
     return consts
@@ -69,7 +75,12 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
              sbuf_budget_bytes: int = 0, model: str = "", region: str = "", check: bool = True,
              cached_source: str | None = None, layouts: dict[str, Layout] | None = None,
              lnc: int = 1) -> GeneratedKernel:
-    """Emit NKI source for ``program``; raise :class:`CodegenError` if a template, layout or budget rule fails."""
+    """Emit NKI source for ``program``; raise :class:`CodegenError` if a template, layout or budget rule fails.
+
+    ``cached_source`` (from :mod:`fusegraph.executors.kernel_cache`, which checked it and named its kernel
+    function ``program.name``) is used verbatim instead of the rendered source and is not re-checked for
+    conformance; everything else (layouts, arguments, budget) is computed as always. An empty string is used
+    as given, never silently replaced: the caller decides what a usable entry is."""
     t0 = time.perf_counter()
     if ring < 2:
         raise CodegenError("weight streaming needs at least 2 ring buffers")
@@ -77,7 +88,7 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
         raise CodegenError(f"lnc must be 1 or 2, got {lnc}")
     T = program.tokens
     layouts = dict(layouts) if layouts is not None else plan_layouts(program)
-    constants = _consts_needed(program)
+    constants = _consts_needed(program, layouts)
     const_vars: dict[str, str] = {}
     pre_code: list[str] = []
     const_loads = []
@@ -100,15 +111,17 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
                 f"    nisa.dma_copy(dst=kv_index, src={ins.index.name}.ap(pattern=[[{T}, 1], [1, {T}]], offset=0), "
                 f"name=\"kv_index\")\n")
         if isinstance(ins, ir.Rope):
-            heads = layouts[ins.x.name].FT
+            lay = layouts[ins.x.name]
+            heads = lay.FT
             for which, val in (("cos", ins.cos), ("sin", ins.sin)):
-                key = f"{which}:{heads}"
+                key = rope_table_key(which, lay)
                 if key in inputs:
                     continue
-                var = f"{which}_h{heads}"
+                var = f"{which}_h{heads}" if lay.split == 1 else f"{which}_h{lay.heads}x{lay.split}"
                 inputs[key] = var
-                pre_code.append(render("rope_tables.j2", indent=4, var=var, heads=heads, P=ins.head_dim, T=T,
-                                       dtype=nl_dtype(val.dtype), src=val.name))
+                pre_code.append(render("rope_tables.j2", indent=4, var=var, heads=heads, P=lay.P, T=T,
+                                       dtype=nl_dtype(val.dtype), src=val.name, split=lay.split,
+                                       D=ins.head_dim))
     specs = arg_specs(program, layouts)
     readers: dict[str, set] = {}
     for ins in program.instructions:
@@ -162,7 +175,7 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
     args = [v.name for v in program.inputs] + list(constants)
     outputs = [{"var": v.name, "shape": tuple(v.shape), "dtype": nl_dtype(v.dtype)}
                for v in program.outputs if v.kind == ir.ValueKind.OUTPUT]
-    source = cached_source or (
+    source = cached_source if cached_source is not None else (
         render("header.j2", version=_version(), model=model or "?", region=region or "decoder stack", target=target,
                tokens=T, layers=len(program.layers()), ring=ring, lnc=lnc)
         + render("kernel_open.j2", name=name, args=args, outputs=outputs, constants=const_loads)

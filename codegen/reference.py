@@ -160,7 +160,12 @@ def _gated(ins: ir.GatedAct, env: dict) -> None:
 def _router(ins: ir.Router, env: dict) -> None:
     logits = F.linear(env[ins.x.name], env[ins.weight.name])
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    top, idx = torch.topk(probs, ins.top_k, dim=-1)
+    # the kernel's rule: distinct experts, equal probabilities lowest index first (a stable descending sort)
+    ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    top, idx = ranked[:, :ins.top_k], order[:, :ins.top_k]
+    if ins.tie is not None:
+        tie = (ranked[:, ins.top_k - 1] == ranked[:, ins.top_k]).float().unsqueeze(-1)
+        env[ins.tie.name] = tie if ins.tie_first else torch.maximum(env[ins.tie.name], tie)
     if ins.normalize:
         top = top / top.sum(dim=-1, keepdim=True)
     env[ins.weights.name] = top.to(logits.dtype)
@@ -213,6 +218,11 @@ def _elementwise(ins: ir.Elementwise, env: dict) -> None:
         local[op.dst] = out.to(op.dtype)
     for v, name in zip(ins.outputs, ins.output_names):
         env[v.name] = local[name].reshape(v.shape)
+
+
+@_op(ir.Guard)
+def _guard(ins: ir.Guard, env: dict) -> None:
+    env[ins.dst.name] = env[ins.x.name].reshape(ins.dst.shape).clone()
 
 
 @_op(ir.Store)

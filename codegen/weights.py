@@ -64,6 +64,36 @@ def rotate_half_matrix(head_dim: int, dtype: torch.dtype, rotary_dim: int = 0, i
     return r
 
 
+def rotation_tiles(matrix: torch.Tensor, tile: int) -> torch.Tensor:
+    """[D, D] -> [P, S, S, P] (``S = D / P`` partition tiles): block ``[:, i, j, :]`` maps input tile i to output
+    tile j, so a head split over tiles rotates by matmuls contracting over one tile each (heads > 128)."""
+    D = matrix.shape[0]
+    S = D // tile
+    return matrix.reshape(S, tile, S, tile).permute(1, 0, 2, 3).contiguous()
+
+
+def rotation_blocks(matrix: torch.Tensor, tile: int) -> list[list[tuple[int, int]]]:
+    """Per output tile j of a head-split rotation, its nonzero input tiles ``[(i, sign)]``: ``sign`` is +1/-1 when
+    block (i, j) is a signed identity (rotate_half's half swap: no matmul needed), 0 for any other block."""
+    S = matrix.shape[0] // tile
+    eye = torch.eye(tile, dtype=matrix.dtype)
+    out: list[list[tuple[int, int]]] = []
+    for j in range(S):
+        row = []
+        for i in range(S):
+            b = matrix[i * tile:(i + 1) * tile, j * tile:(j + 1) * tile]
+            if not b.any():
+                continue
+            row.append((i, 1 if torch.equal(b, eye) else -1 if torch.equal(b, -eye) else 0))
+        out.append(row)
+    return out
+
+
+def rotation_is_tile_swap(blocks: list[list[tuple[int, int]]]) -> bool:
+    """Every output tile reads at most one input tile, by a signed identity: RoPE needs no matmul at all."""
+    return all(len(row) <= 1 and all(sign for _, sign in row) for row in blocks)
+
+
 def ones(p: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.ones(p, p, dtype=dtype)
 

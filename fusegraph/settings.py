@@ -105,7 +105,8 @@ class Settings:
     cache_dir: str = _opt(
         "",
         "On-disk cache of generated kernels, keyed by region structure, shapes, dtypes, target and the hashes of "
-        "the patterns/templates used ('' = $XDG_CACHE_HOME/fusegraph or ~/.cache/fusegraph; 'off' disables it).",
+        "the patterns/templates used; every entry carries a content hash checked on load ('' = "
+        "$XDG_CACHE_HOME/fusegraph/kernels or ~/.cache/fusegraph/kernels; 'off' disables it).",
     )
     weight_buffers: int = _opt(4, "SBUF ring buffers weight chunks stream through (DMAs are issued this many chunks minus one ahead).")
     weight_chunk_kib: int = _opt(16, "Target size of one streamed weight chunk, in KiB per partition.")

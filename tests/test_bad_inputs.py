@@ -55,3 +55,38 @@ def test_unknown_executor_falls_back_to_eager(monkeypatch):
         with torch.no_grad():
             out = f(torch.ones(3))
     assert torch.allclose(out, torch.ones(3).sin() + 1)
+
+
+def test_kernel_failing_after_verification_falls_back_for_that_call_and_the_rest():
+    """A verified kernel that fails at a later call (a NaN hidden state makes the router's top-k search undefined
+    behaviour, which the interpreter refuses) must not raise into the forward: that call and every later one run
+    the region eagerly, with one warning; eager just returns the NaN logits."""
+    import warnings
+
+    from fusegraph.capture.session import last_session
+
+    case = build_decode("qwen3-moe-tiny")
+    ref = case.fork()
+    step = _compile(case.step, dynamic=False, options={"executor": "nkisim", "cache_dir": "off"})
+    emb = case.model.model.embed_tokens.weight
+    tok, pos = case.token.clone(), case.position.clone()
+    with torch.no_grad():
+        for i in range(4):
+            saved = emb[tok[0, 0]].clone()
+            if i == 2:
+                emb[tok[0, 0]] = float("nan")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = step(tok, pos)
+            expected = ref.step(tok, pos)
+            emb[tok[0, 0]] = saved
+            msgs = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
+            assert torch.equal(out.isnan(), expected.isnan())
+            torch.testing.assert_close(out.nan_to_num(), expected.nan_to_num(), rtol=1e-4, atol=1e-4)
+            if i == 2:
+                assert len([m for m in msgs if "kernel failed at run time" in m]) == 1, msgs
+                assert expected.isnan().all()
+            tok, pos = expected[:, -1:].nan_to_num().argmax(-1), pos + 1
+    stats = last_session().program.execution[0]
+    assert list(stats.executed_by.values()) == ["eager"]
+    assert "failed to run at call 3" in next(iter(stats.verification.values()))

@@ -1,16 +1,13 @@
 """Turn the fusible regions of one captured graph into runnable kernels (shared by the NKI executors).
 
 For every region of the graph: lower it to a kernel program, generate the NKI source (or take it from the
-on-disk cache), and keep what the run needs: which program nodes the kernel replaces, where each kernel
-argument comes from, and how model tensors become kernel arguments. Any failure leaves that region on the
+on-disk cache, :mod:`.kernel_cache`), and keep what the run needs: which program nodes the kernel replaces, where
+each kernel argument comes from, and how model tensors become kernel arguments. Any failure leaves that region on the
 eager path with one warning naming the region and the cause.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +18,7 @@ import torch
 from ..program import Program
 from ..settings import Settings
 from ..warnings import warn
+from .kernel_cache import cache_key, cache_root, default_cache_dir, entry_path, generate_cached  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +35,7 @@ class KernelPlan:
     trusted: bool = False  # verified on a real step
     disabled: bool = False  # verification failed: the region runs eagerly
     prepared: dict[str, tuple[int, int, torch.Tensor]] = field(default_factory=dict)
+    cache_entry: Path | None = None  # the cache entry that served the kernel (discarded if it fails to load/verify)
 
 
 def _tokens(program: Program, region: Any) -> int:
@@ -61,50 +60,6 @@ def _tokens(program: Program, region: Any) -> int:
                        f"({names}) is not lowered")
 
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fusegraph" / "kernels"
-
-
-def _pattern_fingerprint(region: Any) -> str:
-    h = hashlib.sha256()
-    for name in sorted({m.pattern.name for m in region.matches}):
-        pat = next(m.pattern for m in region.matches if m.pattern.name == name)
-        h.update(name.encode())
-        h.update(str(getattr(pat, "fingerprint", None) or getattr(pat, "version", "")).encode())
-        fn = getattr(pat, "fn", None) or getattr(pat, "function", None)
-        code = getattr(fn, "__code__", None)
-        if code is not None:
-            h.update(code.co_code)
-            h.update(repr(code.co_consts).encode())
-    return h.hexdigest()[:16]
-
-
-def cache_key(program_ir: Any, target: str, settings: Settings, region: Any) -> str:
-    from ..codegen.render import templates_hash
-
-    h = hashlib.sha256()
-    for ins in program_ir.instructions:
-        h.update(type(ins).__name__.encode())
-        for k, v in sorted(vars(ins).items()):
-            if k in ("nodes", "module"):
-                continue
-            h.update(f"{k}={_fingerprint(v)};".encode())
-    h.update(target.encode())
-    h.update(f"{settings.weight_buffers}/{settings.weight_chunk_kib}/{settings.sbuf_budget}/lnc{settings.lnc}".encode())
-    h.update(templates_hash().encode())
-    h.update(_pattern_fingerprint(region).encode())
-    return h.hexdigest()[:24]
-
-
-def _fingerprint(v: Any) -> str:
-    from ..codegen import ir
-
-    if isinstance(v, ir.Value):
-        return f"{v.name}:{v.kind}:{tuple(v.shape)}:{v.dtype}"
-    return repr(v)
-
-
 def build_plans(program: Program, graph_index: int, analysis: Any, settings: Settings) -> list[KernelPlan]:
     from ..codegen.errors import CodegenError
     from ..codegen.lowering import lower_region
@@ -126,53 +81,21 @@ def build_plans(program: Program, graph_index: int, analysis: Any, settings: Set
             tokens = _tokens(program, region)
             lowered = lower_region(program, region, tokens, name=f"fusegraph_g{graph_index}_r{region.id}")
             key = cache_key(lowered.program, settings.target, settings, region)
-            cached, path = _cache_read(settings, key)
-            generated = generate(lowered.program, target=settings.target, chunk_bytes=settings.weight_chunk_kib * 1024,
-                                 ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget,
-                                 region=label, cached_source=cached, lnc=settings.lnc)
-            if cached is None:
-                _cache_write(settings, key, generated)
+            generated, cache_hit = generate_cached(settings, key, lowered.program.name, lambda cached: generate(
+                lowered.program, target=settings.target, chunk_bytes=settings.weight_chunk_kib * 1024,
+                ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, region=label,
+                cached_source=cached, lnc=settings.lnc))
             _dump(settings, label, region, generated)
         except CodegenError as e:
             if settings.pass_through_build_failures:
                 raise
             warn(f"{label}: {e}; it runs on the eager path")
             continue
+        root = cache_root(settings)
         plans.append(KernelPlan(region=region, lowered=lowered, generated=generated, label=label,
-                                cache_hit=cached is not None, seconds=time.perf_counter() - t0))
+                                cache_hit=cache_hit, seconds=time.perf_counter() - t0,
+                                cache_entry=entry_path(root, key) if cache_hit and root is not None else None))
     return plans
-
-
-def _cache_root(settings: Settings) -> Path | None:
-    if settings.cache_dir == "off":
-        return None
-    return Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
-
-
-def _cache_read(settings: Settings, key: str) -> tuple[str | None, Path | None]:
-    root = _cache_root(settings)
-    if root is None:
-        return None, None
-    path = root / f"{key}.py"
-    try:
-        return path.read_text(), path
-    except OSError:
-        return None, path
-
-
-def _cache_write(settings: Settings, key: str, generated: Any) -> None:
-    root = _cache_root(settings)
-    if root is None:
-        return
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(generated.source)
-        tmp.replace(root / f"{key}.py")
-        (root / f"{key}.json").write_text(json.dumps({"stats": generated.stats, "budget": generated.budget.to_dict()},
-                                                     default=str))
-    except OSError as e:
-        log.info("kernel cache not written: %s", e)
 
 
 def _dump(settings: Settings, label: str, region: Any, generated: Any) -> None:

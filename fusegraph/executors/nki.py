@@ -20,7 +20,7 @@ import torch
 
 from ..program import Program
 from ..settings import Settings
-from ..warnings import warn
+from ..warnings import one_line, warn
 from .base import Runner
 from .eager import _resolver, build_plan, run_plan
 from .kernels import KernelPlan, build_plans
@@ -39,6 +39,7 @@ class KernelStats:
         self.executed_by: dict[int, str] = {}
         self.verification: dict[int, str] = {}
         self.kernels: list[dict] = []
+        self.guard_reruns: dict[int, int] = {}  # region id -> steps recomputed eagerly because a guard was set
         self.run: Any = None  # the executor's per-graph runner (plans, last inputs)
         self.llm: list = []  # llm_fallback.Island per group of ops offered to the LLM kernel writer
 
@@ -65,7 +66,8 @@ class NkiExecutor:
             except Exception as e:  # noqa: BLE001 - a kernel that does not load must not break the step
                 if settings.pass_through_build_failures:
                     raise
-                warn(f"{p.label}: kernel failed to load ({type(e).__name__}: {e}); it runs on the eager path")
+                _discard_cached(p)
+                warn(f"{p.label}: kernel failed to load ({one_line(e)}); it runs on the eager path")
         schedule, dropped = build_schedule(program, graph_index, [p.lowered.kernel_nodes for p in ready])
         for k in dropped:
             warn(f"{ready[k].label} is not convex (an op outside it both reads and feeds it); it runs on the eager path")
@@ -190,7 +192,13 @@ class _Run:
                 if plan.disabled:
                     continue
             else:
-                self._launch(plan, env)
+                try:
+                    results = self._launch(plan, env)
+                except Exception as e:  # noqa: BLE001 - a kernel failing at any call falls back, for good
+                    self._fail(plan, env, e)
+                    continue
+                if self._guard_tripped(plan, results):
+                    self._eager_region(plan, env)  # overwrites the kernel's outputs and its KV-row writes
             launches += 1
         self.stats.launches_per_call = launches
         return env
@@ -239,9 +247,36 @@ class _Run:
             if st:
                 env[n] = env[st]
 
+    def _fail(self, plan: KernelPlan, env: dict, e: Exception) -> None:
+        """The kernel raised (at its verified first call or any later one, e.g. the interpreter refusing a NaN
+        router input as undefined behaviour): this call and every later one run the region eagerly. Whatever
+        the kernel wrote before failing is KV rows of this step, which the eager ops overwrite."""
+        if self.settings.pass_through_build_failures:
+            raise e
+        plan.disabled = True
+        _discard_cached(plan)
+        self.stats.executed_by[plan.region.id] = "eager"
+        self.stats.verification[plan.region.id] = f"failed to run at call {self.stats.calls + 1}: {one_line(e)}"
+        warn(f"{plan.label}: kernel failed at run time ({one_line(e)}); it runs on the eager path from now on")
+        log.debug("kernel failure", exc_info=e)
+        self._eager_region(plan, env)
+
+    def _guard_tripped(self, plan: KernelPlan, results: dict) -> bool:
+        """Did the kernel flag this step as one it cannot compute like eager (see codegen.ir.Guard)? Then the
+        caller recomputes the region eagerly: the kernel's state writes are KV rows at this step's positions,
+        which the eager ops overwrite, so the step's result and state are eager's."""
+        tripped = [why for name, why in plan.lowered.guards.items() if bool((results[name] != 0).any())]
+        if tripped:
+            rid = plan.region.id
+            self.stats.guard_reruns[rid] = self.stats.guard_reruns.get(rid, 0) + 1
+            warn(f"{plan.label}: {tripped[0]}; steps where it happens are recomputed on the eager path")
+        return bool(tripped)
+
     def _eager_region(self, plan: KernelPlan, env: dict) -> None:
-        nodes = sorted(plan.lowered.kernel_nodes, key=lambda n: self.program.graph.nodes[n]["order"])
-        run_plan(build_plan(self.program, nodes), env)
+        """Everything the kernel provides, computed eagerly: its nodes and its outputs (an output may be a glue
+        view of a kernel value that is not itself a kernel node; the schedule takes it from the kernel)."""
+        nodes = set(plan.lowered.kernel_nodes) | set(plan.lowered.outputs.values())
+        run_plan(build_plan(self.program, sorted(nodes, key=lambda n: self.program.graph.nodes[n]["order"])), env)
 
     def _verify(self, plan: KernelPlan, env: dict) -> None:
         """Run the kernel on copies of the state and the region eagerly on the real state; compare."""
@@ -249,16 +284,11 @@ class _Run:
         try:
             results = self._launch(plan, env, state_override=state_copies)
         except Exception as e:  # noqa: BLE001 - a kernel that fails at run time falls back
-            if self.settings.pass_through_build_failures:
-                raise
-            plan.disabled = True
-            self.stats.executed_by[plan.region.id] = "eager"
-            self.stats.verification[plan.region.id] = f"failed to run: {type(e).__name__}: {e}"
-            warn(f"{plan.label}: kernel failed at run time ({type(e).__name__}: {str(e).splitlines()[0]}); "
-                 "it runs on the eager path")
-            self._eager_region(plan, env)
+            self._fail(plan, env, e)
             return
         self._eager_region(plan, env)
+        if self._guard_tripped(plan, results):
+            return  # this step's kernel result is not comparable with eager's; verify on the next step
         problems = []
         for name, node in plan.lowered.outputs.items():
             problems += _compare(f"output {node}", results[name], env[node], self.settings)
@@ -267,12 +297,22 @@ class _Run:
             problems += _compare(f"state {node}", copy, env[node], self.settings)
         if problems:
             plan.disabled = True
+            _discard_cached(plan)
             self.stats.executed_by[plan.region.id] = "eager"
             self.stats.verification[plan.region.id] = "; ".join(problems[:3])
             warn(f"{plan.label}: verification against eager failed ({problems[0]}); it runs on the eager path")
         else:
             plan.trusted = True
             self.stats.verification[plan.region.id] = "passed"
+
+
+def _discard_cached(plan: KernelPlan) -> None:
+    """A kernel served by the disk cache that failed to load, run or verify is not served again."""
+    if plan.cache_entry is not None:
+        from .kernel_cache import discard
+
+        discard(plan.cache_entry)
+        plan.cache_entry = None
 
 
 def marshal_input(src: Any, dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import networkx as nx
+
 from ..matching.analyze import Analysis
 from ..matching.results import _jsonable
 from ..program.ir import value_nbytes as _nbytes
@@ -116,7 +118,48 @@ def _execution(a: Analysis, regions: list[dict[str, Any]]) -> dict[str, Any]:
         r["executed_by"] = executed_by.get(r["id"], "eager")
         if r["id"] in verification:
             r["verification"] = verification[r["id"]]
-    return {"kernel_launches_per_step": launches, "kernels": kernels, "llm_kernels": llm}
+        reruns = sum(getattr(st, "guard_reruns", {}).get(r["id"], 0) for st in execution.values())
+        if reruns:
+            r["steps_recomputed_eagerly"] = reruns
+    return {"kernel_launches_per_step": launches, "kernels": kernels, "llm_kernels": llm, "regions": regions}
+
+
+def _ran_in_kernels(a: Analysis) -> set[str] | None:
+    """Program ops that ran as part of a kernel: every op of a region whose kernel is active and not disabled
+    (with its small host-side inputs, rotary tables and masks, which the region feeds the kernel by design) and
+    the ops of accepted LLM-written islands; None when no kernel executor handled the step."""
+    execution = getattr(a.program, "execution", {}) or {}
+    if not execution:
+        return None
+    regions: set[int] = set()
+    ran: set[str] = set()
+    for stats in execution.values():
+        run = getattr(stats, "run", None)
+        for k, plan in enumerate(getattr(run, "plans", []) or []):
+            if k in getattr(run, "active", ()) and not plan.disabled:
+                regions.add(plan.region.id)
+                ran |= set(plan.lowered.kernel_nodes)
+        for island in getattr(stats, "llm", []) or []:
+            if (island.to_dict().get("llm") or {}).get("accepted") and not island.disabled:
+                ran |= set(island.nodes)
+    return ran | {n for n, r in a.region_of.items() if r in regions}
+
+
+def _executed(a: Analysis, ops: list[str], layer_ops: list[str], launches: int) -> dict[str, Any]:
+    """Coverage and boundaries of what runs, not of what matched: a region whose kernel was refused, failed or
+    was disabled by verification counts as eager ops. With no kernel executor (dry run, executor 'eager') the
+    matched figures are all there is, and the report says so (``coverage_basis``)."""
+    ran = _ran_in_kernels(a)
+    if ran is None:
+        return {"coverage": round(a.coverage, 6), "coverage_basis": "matched",
+                "boundaries_per_step": len(a.regions) + a.fallback_segments()}
+    G = a.program.graph
+    base = layer_ops or ops
+    cov = sum(1 for n in base if n in ran) / len(base) if base else 0.0
+    eager = [n for n in ops if n not in ran and G.nodes[n]["op"] != "aten.alias.default"]
+    segments = nx.number_connected_components(G.subgraph(eager).to_undirected(as_view=True)) if eager else 0
+    return {"coverage": round(cov, 6), "coverage_basis": "executed", "boundaries_per_step": launches + segments,
+            "eager_segments": segments}
 
 
 def _layer_counts(a: Analysis) -> dict[str, dict[str, int]]:
@@ -145,9 +188,13 @@ def build_report(analysis: Analysis, session: Any = None, extra: dict[str, Any] 
     counts = Counter(d["action"] for d in decisions)
     breaks = _breaks(a)
     fallback_segments = a.fallback_segments()
+    execution = _execution(a, [r.to_dict() for r in a.regions])
+    executed = _executed(a, ops, layer_ops, execution["kernel_launches_per_step"])
     data: dict[str, Any] = {
         "schema": SCHEMA,
-        "coverage": round(a.coverage, 6),
+        "coverage": executed["coverage"],
+        "coverage_basis": executed["coverage_basis"],
+        "coverage_matched": round(a.coverage, 6),
         "coverage_by_layer": {str(k): round(v, 6) for k, v in a.coverage_by_layer.items()},
         "coverage_all_ops": round(a.coverage_all, 6),
         "op_count": len(ops),
@@ -155,9 +202,10 @@ def build_report(analysis: Analysis, session: Any = None, extra: dict[str, Any] 
         "ops_in_regions": in_regions,
         "layers": len(a.program.layers()),
         "graphs": len(a.program.graphs),
-        "boundaries_per_step": len(a.regions) + fallback_segments,
+        "boundaries_per_step": executed["boundaries_per_step"],
+        "boundaries_per_step_matched": len(a.regions) + fallback_segments,
         "fallback_segments": fallback_segments,
-        "regions": [r.to_dict() for r in a.regions],
+        "regions": execution.pop("regions"),
         "unmatched": [u.to_dict() for u in a.unmatched],
         "breaks": breaks,
         "pattern_counts": a.pattern_counts(),
@@ -173,7 +221,9 @@ def build_report(analysis: Analysis, session: Any = None, extra: dict[str, Any] 
         "timings": {k: round(v, 4) for k, v in a.timings.items()},
         "settings": _jsonable(a.settings.to_dict()),
     }
-    data.update(_execution(a, data["regions"]))
+    if "eager_segments" in executed:
+        data["eager_segments"] = executed["eager_segments"]
+    data.update(execution)
     if session is not None:
         from ..inspection import summarize
 

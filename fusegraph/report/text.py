@@ -50,12 +50,21 @@ def _per_layer(counts: Mapping[str, Mapping[str, int]]) -> list[str]:
     return lines
 
 
+def _coverage_line(r: Mapping[str, Any]) -> str:
+    if r.get("coverage_basis") == "executed":
+        return (f"coverage: {100 * r['coverage']:.1f}% of the decoder layers' ops ran in kernels "
+                f"({100 * r['coverage_matched']:.1f}% are in regions, {100 * r['coverage_all_ops']:.1f}% of all ops); "
+                f"{len(r['regions'])} region(s), {r['boundaries_per_step']} boundaries per step "
+                f"({r['kernel_launches_per_step']} kernel launch(es) + {r['eager_segments']} eager segment(s))")
+    return (f"coverage: {100 * r['coverage']:.1f}% of the decoder layers' ops are in regions "
+            f"({100 * r['coverage_all_ops']:.1f}% of all ops); {len(r['regions'])} region(s), "
+            f"{r['boundaries_per_step']} boundaries (launches) per step")
+
+
 def format_report(r: Mapping[str, Any], max_unmatched: int = 30, max_decisions: int = 12) -> str:
     lines = [
         f"fused-region report: {r['layers']} decoder layers, {r['graphs']} graph(s), {r['op_count']} ATen ops",
-        f"coverage: {100 * r['coverage']:.1f}% of the decoder layers' ops are in regions "
-        f"({100 * r['coverage_all_ops']:.1f}% of all ops); {len(r['regions'])} region(s), "
-        f"{r['boundaries_per_step']} boundaries (launches) per step",
+        _coverage_line(r),
     ]
     if r.get("kernels"):
         lines.append(f"kernel launches per step: {r['kernel_launches_per_step']} "

@@ -140,3 +140,34 @@ def test_schema_is_documented(moe_report):
         assert f"`{key}`" in doc
     for action in {x["action"] for x in d["decisions"]}:
         assert f"`{action}`" in doc
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_report_counts_what_ran_not_what_matched(tmp_path, monkeypatch, fails):
+    """A region whose kernel verification failed ran eagerly: the report's coverage and boundaries say so (the
+    matched figures stay available as coverage_matched / boundaries_per_step_matched)."""
+    from fusegraph.executors import nki
+
+    if fails:
+        monkeypatch.setattr(nki, "_compare", lambda what, got, expected, settings: [f"{what}: forced mismatch"])
+    case = build_decode("llama-tiny")
+    path = tmp_path / "r.json"
+    f = torch.compile(case.step, backend="fusegraph", dynamic=False,
+                      options={"executor": "nkisim", "cache_dir": "off", "report": str(path)})
+    with torch.no_grad():
+        f(case.token, case.position)
+        f(case.token, case.position + 1)
+    from fusegraph.capture.session import last_session
+    from fusegraph.report import report_for_session
+
+    d = report_for_session(last_session()).to_dict()  # after the calls: what ran
+    assert d["coverage_basis"] == "executed" and d["coverage_matched"] == 1.0
+    assert d["boundaries_per_step_matched"] == 1
+    (r,) = d["regions"]
+    if fails:
+        assert r["executed_by"] == "eager" and "forced mismatch" in r["verification"]
+        assert d["coverage"] == 0.0 and d["kernel_launches_per_step"] == 0
+        assert d["boundaries_per_step"] == d["eager_segments"] >= 1
+    else:
+        assert r["executed_by"] == "nkisim" and d["coverage"] == 1.0
+        assert d["boundaries_per_step"] == 1 and d["eager_segments"] == 0

@@ -91,6 +91,10 @@ class Settings:
     llm_cache_dir: str = _opt(
         "", "Directory of accepted LLM-written kernels ('' = $XDG_CACHE_HOME/fusegraph/llm-kernels or ~/.cache/...)."
     )
+    llm_experience: bool = _opt(
+        True, "Keep every LLM conversation (answers, the errors sent back, the corrected kernel) under "
+        "<llm_cache_dir>/experience for `fusegraph export-sft --experience` (fine-tuning / RL data).",
+    )
     verify: bool = _opt(
         True,
         "On a kernel's first call, also run its region's ATen ops eagerly on the same inputs and compare; on a "

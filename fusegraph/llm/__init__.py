@@ -6,7 +6,8 @@ Public API (imported lazily: the verification worker imports this package and mu
     if enabled(settings):                      # llm_url and llm_model are both set
         result = write_kernel(task, settings)  # -> WriterResult (never raises)
 
-See docs/llm.md for the option, the safety model and the training data export (``fusegraph export-sft``).
+See docs/llm.md for the option, the safety model, the training data export (``fusegraph export-sft``) and the
+benchmark (``fusegraph llm-eval``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ _LAZY = {
     "Verdict": ("fusegraph.llm.harness", "Verdict"),
     "Limits": ("fusegraph.llm.harness", "Limits"),
     "export_sft": ("fusegraph.llm.sft", "export"),
+    "evaluate": ("fusegraph.llm.evaluate", "evaluate"),
+    "write_with_config": ("fusegraph.llm.writer", "write_with_config"),
+    "WriterConfig": ("fusegraph.llm.writer", "WriterConfig"),
 }
 
 __all__ = list(_LAZY)

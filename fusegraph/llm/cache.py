@@ -53,6 +53,8 @@ def cache_key(task: KernelTask, llm_model: str, prompt_version: str, target: str
         "prompt_version": prompt_version,
         "target": target,
     }
+    if getattr(task, "lnc", 1) != 1:
+        payload["lnc"] = task.lnc  # only when set, so LNC=1 keys stay what they were
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

@@ -9,7 +9,8 @@ stage           what is checked
 ``contract``    one ``@nki.jit`` kernel with the task's arity that calls NKI compute instructions and does
                 not return its inputs (:mod:`.contract`)
 ``reference``   the torch reference runs on the verification inputs (a failure here is the caller's bug)
-``run``         the kernel runs in a separate, resource-limited process (:mod:`.worker`) on every case
+``run``         the kernel runs in a separate, resource-limited process (:mod:`.worker`) on every case,
+                launched as ``kernel[2]`` for an LNC=2 task; the first case's profile comes back for the cost model
 ``computes``    the run executed compute-engine instructions and did not hand back an input as an output
 ``compare``     every output matches the reference within the dtype's tolerance, on every case
 ==============  ====================================================================================
@@ -62,6 +63,7 @@ class Verdict:
     max_abs_diff: float | None = None
     seconds: float = 0.0
     cases: list[dict[str, Any]] = field(default_factory=list)  # per-case run info from the worker
+    profile: dict[str, Any] | None = None  # the first case's cost profile, once the kernel ran (for modeled time)
 
     @classmethod
     def fail(cls, stage: str, reason: str, detail: str = "", **kw: Any) -> "Verdict":
@@ -137,6 +139,7 @@ class RunOutcome:
     cases: list[dict[str, Any]] = field(default_factory=list)
     printed: str = ""
     seconds: float = 0.0
+    profile: dict[str, Any] | None = None  # the first case's cost profile (worker.cost_profile)
 
 
 def run_isolated(source: str, kernel: str, task: KernelTask, cases: list[tuple[str, list[torch.Tensor]]],
@@ -158,7 +161,7 @@ def run_isolated(source: str, kernel: str, task: KernelTask, cases: list[tuple[s
         job = {"kernel": kernel, "target": target, "cases": [c for c, _ in cases],
                "inputs": [{"name": s.name, "dtype": _np_dtype_name(s.kernel_dtype)} for s in task.inputs],
                "memory_mb": int(limits.memory_mb), "cpu_s": int(math.ceil(limits.timeout_s)) + 1,
-               "file_mb": int(limits.file_mb)}
+               "file_mb": int(limits.file_mb), "lnc": int(getattr(task, "lnc", 1))}
         with open(os.path.join(job_dir, "job.json"), "w") as f:
             json.dump(job, f)
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": job_dir, "TMPDIR": job_dir, "LANG": "C.UTF-8",
@@ -191,8 +194,9 @@ def run_isolated(source: str, kernel: str, task: KernelTask, cases: list[tuple[s
             for k, meta in enumerate(info["outputs"]):
                 outs.append(to_torch(unpack(data[f"c{c}_o{k}"], meta["dtype"])))
             outputs.append(outs)
+        profile = result.get("profile")
         return RunOutcome(True, outputs=outputs, cases=result["cases"], printed=result.get("printed", ""),
-                          seconds=seconds)
+                          seconds=seconds, profile=profile if isinstance(profile, dict) else None)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -300,4 +304,4 @@ def verify(source: str, task: KernelTask, *, target: str = "trn2", limits: Limit
                 return done(Verdict.fail("compare", msg.split(";")[0], msg, max_abs_diff=diff, cases=run.cases))
     note = f" (cases skipped: reference NaN on {', '.join(skipped)})" if skipped else ""
     return done(Verdict(True, "accepted", f"verified on {len(kept)} input case(s){note}; max |diff| {worst:.3g}",
-                        max_abs_diff=worst, cases=run.cases))
+                        max_abs_diff=worst, cases=run.cases, profile=run.profile))

@@ -49,6 +49,11 @@ EXAMPLE_KEYWORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rmsnorm", ("rsqrt", "norm", "mean(", "var(")),
 )
 MAX_EXAMPLES = 2
+LNC_NOTE = ("The kernel is launched as `{name}[2](...)` (LNC=2): its body runs as two programs, one per physical "
+            "core, with `nl.program_id(0)` 0 and 1 (`nl.num_programs(0)` is 2). Inputs and `nl.shared_hbm` outputs "
+            "are shared by both programs (each allocates the same outputs and returns them); SBUF and PSUM are "
+            "private. Split the work so each program computes its own part of the outputs.")
+LNC_FACTS = ("nki.language.program_id", "nki.language.num_programs")
 
 
 def rules_text() -> str:
@@ -58,7 +63,8 @@ def rules_text() -> str:
 def _version() -> str:
     h = hashlib.sha256()
     for part in (rules_text(), SYSTEM_TEMPLATE, REPAIR_TEMPLATE, json.dumps(facts.NOTES, sort_keys=True),
-                 json.dumps([BASE_FACTS, KEYWORD_FACTS, EXAMPLE_KEYWORDS], sort_keys=True)):
+                 json.dumps([BASE_FACTS, KEYWORD_FACTS, EXAMPLE_KEYWORDS], sort_keys=True), LNC_NOTE,
+                 json.dumps(LNC_FACTS)):
         h.update(part.encode())
     return "1." + h.hexdigest()[:10]
 
@@ -126,10 +132,13 @@ def task_message(task: KernelTask) -> str:
     lines += ["Outputs, returned in this order:"]
     lines += [_output_line(s) for s in task.outputs]
     lines += ["", "NKI API you will probably need (valid in NKI 0.3.0 and 0.6.0; pass arguments by keyword):"]
-    for q in needed_facts(task.reference_source):
+    lnc = getattr(task, "lnc", 1)
+    for q in needed_facts(task.reference_source) + (list(LNC_FACTS) if lnc == 2 else []):
         f = facts.fact(q)
         lines.append(f"- `{f.signature}`: {f.short}")
     lines += ["", f"Write `@nki.jit def {task.kernel_name}({params})`."]
+    if lnc == 2:
+        lines += [LNC_NOTE.format(name=task.kernel_name)]
     return "\n".join(lines)
 
 

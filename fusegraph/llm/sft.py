@@ -15,6 +15,9 @@ fine-tuning stacks take):
 A side file ``OUT.meta.jsonl`` (same line order) holds what re-verification needs and training does not: the
 kind, the input/output specs (constants by recipe) and the verification cases. :func:`reverify` reruns the
 harness on the file's own text: the reference code from the user turn, the kernel from the assistant turn.
+
+With ``experience`` (a directory of the writer's experience records, :mod:`.experience`) the export also writes
+repair trajectories and per-answer reward records next to ``OUT.jsonl`` (:mod:`.trajectories`).
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ class ExportStats:
     cards: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
+    experience: Any = None  # trajectories.ExperienceStats when experience records were exported
 
     def summary(self) -> str:
         text = (f"wrote {self.examples} verified kernel example(s) and {self.cards} API fact card(s) to {self.path} "
@@ -55,6 +59,8 @@ class ExportStats:
         if self.skipped:
             text += f"; skipped {len(self.skipped)} that failed verification: " + "; ".join(
                 f"{n} ({r})" for n, r in self.skipped)
+        if self.experience is not None:
+            text += "; " + self.experience.summary()
         return text
 
 
@@ -87,8 +93,10 @@ def meta_path(path: str | Path) -> Path:
 
 
 def export(path: str | Path, *, max_examples: int | None = None, seed: int = 0, sweep_name: str = "small",
-           cards: bool = True, target: str = "trn2", limits: Limits = Limits()) -> ExportStats:
-    """Verify and write the examples of a sweep (optionally shuffled by ``seed`` and capped) plus the fact cards."""
+           cards: bool = True, target: str = "trn2", limits: Limits = Limits(),
+           experience: str | Path | None = None) -> ExportStats:
+    """Verify and write the examples of a sweep (optionally shuffled by ``seed`` and capped) plus the fact cards;
+    with ``experience``, also the repair trajectories and reward records of that directory's records."""
     t0 = time.perf_counter()
     stats = ExportStats(str(path))
     examples = sweep(sweep_name)
@@ -112,6 +120,10 @@ def export(path: str | Path, *, max_examples: int | None = None, seed: int = 0, 
                 out.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 side.write(json.dumps(meta) + "\n")
                 stats.cards += 1
+    if experience is not None:
+        from .trajectories import export_experience
+
+        stats.experience = export_experience(experience, path, limits=limits, seed=seed)
     stats.seconds = time.perf_counter() - t0
     return stats
 

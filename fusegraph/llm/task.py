@@ -78,7 +78,8 @@ class KernelTask:
     (e.g. its ATen op graph) for the cache key; empty means "the reference source". ``cases``: the input cases
     to verify on (drop ``zeros`` for regions whose reference is ill-defined on them, e.g. top-k with ties).
     ``data_movement_only``: the region only moves data (a transpose, a gather), so the "computes with NKI
-    instructions" check is waived.
+    instructions" check is waived. ``lnc``: the launch grid, 1 (``kernel(...)``) or 2 (``kernel[2](...)``: two
+    programs, ``nl.program_id(0)`` 0 and 1, sharing the HBM tensors); verification launches the kernel so.
     """
 
     name: str
@@ -91,6 +92,7 @@ class KernelTask:
     structure: str = ""
     cases: tuple[str, ...] = CASES
     data_movement_only: bool = False
+    lnc: int = 1
 
     def __post_init__(self) -> None:
         self.inputs = tuple(self.inputs)
@@ -122,6 +124,8 @@ class KernelTask:
                 out.append(f"unknown verification case {c!r} (known: {', '.join(CASES)})")
         if "random" not in self.cases:
             out.append("verification needs the 'random' case")
+        if self.lnc not in (1, 2):
+            out.append(f"lnc must be 1 or 2, got {self.lnc!r}")
         if not callable(self.reference):
             out.append("the reference is not callable")
         return out

@@ -10,7 +10,8 @@ scrubbed environment. Before the kernel is loaded the worker
 
 then loads the source with :func:`fusegraph.nkisim.load_kernel_source`, strips the kernel namespace's builtins
 down to the allow-list of :mod:`fusegraph.llm.safety` (defence in depth behind the static check), runs every
-input case through the interpreter and writes ``outputs.npz`` plus ``result.json``. This module imports
+input case through the interpreter (``kernel[lnc]`` when the job says so) and writes ``outputs.npz`` plus
+``result.json`` (with the first case's profile for the cost model). This module imports
 NumPy and the interpreter only (no torch): start-up stays around 0.2 s.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ _VIEW = {"bfloat16": np.uint16, "float8_e4m3": np.uint8, "float8_e5m2": np.uint8
 _ML = {"bfloat16": ml_dtypes.bfloat16, "float8_e5m2": ml_dtypes.float8_e5m2, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
 MAX_TEXT = 4000
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
+MAX_PROFILE_ENTRIES = 4000
 
 
 def pack(arr: np.ndarray) -> tuple[np.ndarray, str]:
@@ -108,6 +110,26 @@ def _error(stage: str, exc: BaseException, kernel_file: str, case: str | None = 
             "rule": getattr(exc, "rule", None), "location": getattr(exc, "location", None), "trace": frames[-6:]}
 
 
+def cost_profile(prof: Any) -> dict:
+    """What the cost model needs of one run (per-line sites and DMAs, per-program instruction counts), bounded.
+
+    ``program_instructions`` is only given when the profile kept every instruction record (it caps them), so an
+    LNC=2 split can be measured instead of assumed.
+    """
+    from dataclasses import asdict
+
+    d = {"sites": [asdict(x) for x in prof.sites], "dmas": [asdict(x) for x in prof.dmas]}
+    programs = None
+    if not prof.records_dropped:
+        programs = [0] * max(1, int(prof.lnc))
+        for r in prof.records:
+            if 0 <= r.program < len(programs):
+                programs[r.program] += 1
+    return {"lnc": prof.lnc, "instructions": prof.instructions, "sites": d["sites"][:MAX_PROFILE_ENTRIES],
+            "dmas": d["dmas"][:MAX_PROFILE_ENTRIES], "program_instructions": programs,
+            "truncated": len(d["sites"]) > MAX_PROFILE_ENTRIES or len(d["dmas"]) > MAX_PROFILE_ENTRIES}
+
+
 def run_job(job_dir: str) -> dict:
     with open(os.path.join(job_dir, "job.json")) as f:
         job = json.load(f)
@@ -135,12 +157,14 @@ def run_job(job_dir: str) -> dict:
     for c, (case, args) in enumerate(zip(job["cases"], cases)):
         t0 = time.perf_counter()
         try:
-            out = nkisim.run(kernel, *args, target=job["target"])
+            out = nkisim.run(kernel, *args, target=job["target"], lnc=int(job.get("lnc", 1)))
         except BaseException as exc:  # noqa: BLE001
             result["error"] = _error("run", exc, kernel_file, case)
             return result
         outs = list(out) if isinstance(out, tuple) else [out]
         prof = nkisim.last_profile()
+        if c == 0:
+            result["profile"] = cost_profile(prof)
         info = {"case": case, "seconds": round(time.perf_counter() - t0, 4), "instructions": prof.instructions,
                 "compute_instructions": sum(prof.engines[e].instructions for e in COMPUTE_ENGINES),
                 "outputs": [], "returned_inputs": []}

@@ -7,6 +7,9 @@ why rejected, tokens from the endpoint's ``usage``, seconds), which is what the 
 
 Repair rounds keep the conversation short: system, few-shot examples, the task, the *last* rejected answer
 and its concrete error (not every earlier round), so the prompt does not grow with the number of rounds.
+
+Every call that asked the model anything is also kept as an experience record (:mod:`.experience`): each
+answer, the error sent back and the corrected kernel, for ``fusegraph export-sft --experience``.
 """
 from __future__ import annotations
 
@@ -38,8 +41,21 @@ class Attempt:
     completion_tokens: int = 0
     seconds: float = 0.0  # request + verification
     max_abs_diff: float | None = None
+    # what the experience record keeps (not the report: sources stay out of it)
+    answer: str = ""  # the model's full reply
+    code: str | None = None  # the kernel extracted from it (None: no code block)
+    detail: str = ""  # the concrete error of the verdict
+    feedback: str = ""  # the repair message sent back after this answer ("" when none was sent)
+
+    REPORT_FIELDS = ("round", "accepted", "reason", "stage", "tokens", "prompt_tokens", "completion_tokens",
+                     "seconds", "max_abs_diff")
 
     def to_dict(self) -> dict[str, Any]:
+        """For the fused-region report (the answer texts are in the experience record, not here)."""
+        d = asdict(self)
+        return {k: d[k] for k in self.REPORT_FIELDS}
+
+    def experience(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -52,6 +68,8 @@ class WriterResult:
     reason: str = ""
     kernel_name: str = ""  # the @nki.jit function in kernel_source
     cache_key: str = ""
+    profile: dict[str, Any] | None = field(default=None, repr=False)  # cost profile of the accepted kernel's run
+    experience_path: str = ""  # the experience record written for this call ("" when none)
 
     @property
     def rounds(self) -> int:
@@ -79,13 +97,18 @@ class WriterConfig:
     run_memory_mb: int
     cache_dir: str
     target: str
+    use_cache: bool = True  # False: neither read nor write accepted kernels (an evaluation must not reuse them)
+    record_experience: bool = True
+    experience_dir: str = ""  # "" -> <cache dir>/experience
+    origin: str = "compile"  # who asked (recorded with the experience)
 
     @classmethod
     def from_settings(cls, settings: Any) -> "WriterConfig":
         return cls(url=settings.llm_url, model=settings.llm_model, max_rounds=max(0, int(settings.llm_max_rounds)),
                    timeout_s=float(settings.llm_timeout_s), max_tokens=int(settings.llm_max_tokens),
                    run_timeout_s=float(settings.llm_run_timeout_s), run_memory_mb=int(settings.llm_run_memory_mb),
-                   cache_dir=settings.llm_cache_dir, target=settings.target)
+                   cache_dir=settings.llm_cache_dir, target=settings.target,
+                   record_experience=bool(settings.llm_experience))
 
     def problem(self) -> str:
         if not self.url and not self.model:
@@ -104,8 +127,13 @@ def enabled(settings: Any) -> bool:
 
 def write_kernel(task: KernelTask, settings: Any) -> WriterResult:
     """Ask the configured model for a kernel for ``task``; return it only if it passes verification. Never raises."""
+    return write_with_config(task, WriterConfig.from_settings(settings))
+
+
+def write_with_config(task: KernelTask, cfg: WriterConfig) -> WriterResult:
+    """:func:`write_kernel` with an explicit configuration (``llm-eval``: no cache, its own rounds). Never raises."""
     try:
-        return _write(task, WriterConfig.from_settings(settings))
+        return _write(task, cfg)
     except Exception as e:  # noqa: BLE001 - a writer bug must not break a compile; it is reported instead
         log.exception("LLM kernel writer failed on %s", getattr(task, "name", "?"))
         return WriterResult(None, False, reason=f"internal error in the LLM kernel writer: {type(e).__name__}: {e}")
@@ -127,7 +155,7 @@ def _write(task: KernelTask, cfg: WriterConfig) -> WriterResult:
 
     cache = KernelCache(cfg.cache_dir or None)
     key = cache_key(task, cfg.model, PROMPT_VERSION, cfg.target)
-    entry = cache.load(key)
+    entry = cache.load(key) if cfg.use_cache else None
     if entry is not None:
         info, bad = static_checks(entry.source, task)
         if bad is None and info is not None:
@@ -144,6 +172,17 @@ def _write(task: KernelTask, cfg: WriterConfig) -> WriterResult:
     base = build_messages(task)
     messages = list(base)
     attempts: list[Attempt] = []
+
+    def finish(result: WriterResult) -> WriterResult:
+        if cfg.record_experience and any(a.stage != "endpoint" for a in attempts):
+            from .experience import default_dir, record
+
+            path = record(cfg.experience_dir or default_dir(cfg.cache_dir), task, base, attempts,
+                          accepted=result.accepted, llm_model=cfg.model, prompt_version=PROMPT_VERSION,
+                          target=cfg.target, cache_key=key, origin=cfg.origin)
+            result.experience_path = str(path) if path else ""
+        return result
+
     for rnd in range(1, cfg.max_rounds + 2):
         t0 = time.perf_counter()
         reply = client.chat(messages)
@@ -163,24 +202,30 @@ def _write(task: KernelTask, cfg: WriterConfig) -> WriterResult:
             stage, reason, detail = verdict.stage, verdict.reason, verdict.detail
         att = Attempt(accepted=verdict is not None and verdict.ok, stage=stage, reason=reason,
                       seconds=round(time.perf_counter() - t0, 3),
-                      max_abs_diff=verdict.max_abs_diff if verdict is not None else None, **common)
+                      max_abs_diff=verdict.max_abs_diff if verdict is not None else None,
+                      answer=reply.text, code=code, detail=detail, **common)
         attempts.append(att)
         log.info("LLM kernel %s round %d: %s (%s)", task.name, rnd, "accepted" if att.accepted else "rejected", reason)
         if att.accepted and code is not None:
             info, _ = static_checks(code, task)
-            cache.store(key, code, {"task": task.name, "llm_model": cfg.model, "prompt_version": PROMPT_VERSION,
-                                    "target": cfg.target, "rounds": rnd, "tokens": sum(a.tokens for a in attempts)})
-            return WriterResult(code, True, attempts, kernel_name=info.name if info else "", cache_key=key,
-                                reason=f"accepted in round {rnd} of {cfg.max_rounds + 1} "
-                                       f"({sum(a.tokens for a in attempts)} tokens)")
+            if cfg.use_cache:
+                cache.store(key, code, {"task": task.name, "llm_model": cfg.model, "prompt_version": PROMPT_VERSION,
+                                        "target": cfg.target, "rounds": rnd,
+                                        "tokens": sum(a.tokens for a in attempts)})
+            return finish(WriterResult(code, True, attempts, kernel_name=info.name if info else "", cache_key=key,
+                                       reason=f"accepted in round {rnd} of {cfg.max_rounds + 1} "
+                                              f"({sum(a.tokens for a in attempts)} tokens)",
+                                       profile=verdict.profile if verdict is not None else None))
         if stage == "reference":
             break  # the caller's reference is broken: asking the model again cannot help
-        messages = base + [{"role": "assistant", "content": reply.text},
-                           {"role": "user", "content": repair_message(stage, detail)}]
+        if rnd == cfg.max_rounds + 1:
+            break
+        att.feedback = repair_message(stage, detail)
+        messages = base + [{"role": "assistant", "content": reply.text}, {"role": "user", "content": att.feedback}]
     last = attempts[-1] if attempts else None
     why = last.reason if last else "no attempt was made"
     if last is not None and last.stage == "endpoint":
         reason = f"LLM endpoint unavailable: {why}"
     else:
         reason = f"no verified kernel after {len(attempts)} round(s); last: {why}"
-    return WriterResult(None, False, attempts, cache_key=key, reason=reason[:400])
+    return finish(WriterResult(None, False, attempts, cache_key=key, reason=reason[:400]))

@@ -8,7 +8,8 @@ STAMP := $(VENV)/.fusegraph-installed
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,jax]'
+	$(PY) -m pip install --quiet --no-deps keras-hub==0.32.0
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -41,6 +41,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .models.user import is_user_spec, load_user_step
 
     options = _parse_options(args.option)
+    if getattr(args, "frontend", "torch") == "jax":
+        from .jax.cli import cmd_report_jax  # imports jax only on this path
+
+        return cmd_report_jax(args, options)
     if is_user_spec(args.model):
         user = load_user_step(args.model)
         case = user.case
@@ -106,9 +110,42 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
     from .llm.sft import export
 
     stats = export(args.out, max_examples=args.max, seed=args.seed, sweep_name=args.sweep, cards=not args.no_cards,
-                   target=args.target, limits=Limits(timeout_s=args.timeout))
+                   target=args.target, limits=Limits(timeout_s=args.timeout), experience=args.experience)
     print(stats.summary())
     return 0 if stats.examples or args.max == 0 else 1
+
+
+def cmd_llm_eval(args: argparse.Namespace) -> int:
+    from .llm.evaluate import evaluate
+    from .llm.evalset import EVALSET_VERSION, PROBLEMS
+
+    if args.list:
+        for p in PROBLEMS:
+            print(f"{p.name:<20} {p.summary}")
+        print(f"(problem set v{EVALSET_VERSION})")
+        return 0
+    if not args.url or not args.model:
+        print("llm-eval needs --url and --model (or --list)", file=sys.stderr)
+        return 2
+    names = [n.strip() for n in args.problems.split(",") if n.strip()] if args.problems else None
+
+    def progress(r: Any) -> None:
+        print(f"  {r.problem}: {'correct' if r.correct else r.stage} after {r.requests} request(s)", flush=True)
+
+    try:
+        report = evaluate(args.url, args.model, rounds=args.rounds, problems=names, target=args.target,
+                          timeout_s=args.timeout, max_tokens=args.max_tokens, run_timeout_s=args.run_timeout,
+                          experience_dir=args.experience or "", progress=progress)
+    except KeyError as e:
+        print(f"llm-eval: {e.args[0]}", file=sys.stderr)
+        return 2
+    print(report.format())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+        print(f"wrote {args.json}")
+    t = report.totals()
+    return 1 if t["problems"] and t["endpoint_errors"] == t["problems"] else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "fused-region report")
     r.add_argument("--model", default="qwen3-moe-tiny",
                    help="bundled model name (see `fusegraph models`) or module:function of your own code")
+    r.add_argument("--frontend", default="torch", choices=("torch", "jax"),
+                   help="torch (HF transformers models) or jax (llama-tiny, keras-llama-tiny, keras-mixtral-tiny; "
+                   "needs fusegraph[jax])")
     r.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: the model's)")
     r.add_argument("--attn", default="eager", help="HF attention implementation: eager | sdpa")
     r.add_argument("--experts", default="batched_mm", help="HF MoE experts implementation: batched_mm | grouped_mm | eager")
@@ -146,7 +186,27 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-cards", action="store_true", help="kernel examples only")
     e.add_argument("--target", default="trn2", choices=("trn2", "trn3"))
     e.add_argument("--timeout", type=float, default=120.0, help="verification time limit per example (s)")
+    e.add_argument("--experience", default=None, metavar="DIR",
+                   help="also write repair trajectories (OUT.trajectories.jsonl) and reward records "
+                        "(OUT.rewards.jsonl) from the writer's experience records in DIR "
+                        "(<llm cache dir>/experience, or llm-eval --experience DIR)")
     e.set_defaults(func=cmd_export_sft)
+
+    v = sub.add_parser("llm-eval", help="score an NKI-writing model (OpenAI-compatible endpoint) on the fixed "
+                       "problem set, through the writer's harness")
+    v.add_argument("--url", default="", help="endpoint, e.g. http://localhost:8000/v1 (token: FUSEGRAPH_LLM_API_KEY)")
+    v.add_argument("--model", default="", help="model name sent with each request")
+    v.add_argument("--rounds", type=int, default=2, help="repair rounds after the first answer (0: the model alone)")
+    v.add_argument("--problems", default="", help="comma-separated problem names (default: all; see --list)")
+    v.add_argument("--json", default=None, help="also write the full results as JSON")
+    v.add_argument("--list", action="store_true", help="list the problems and exit")
+    v.add_argument("--target", default="trn2", choices=("trn2", "trn3"))
+    v.add_argument("--timeout", type=float, default=120.0, help="HTTP timeout per request (s)")
+    v.add_argument("--max-tokens", type=int, default=4096, help="completion token limit per request")
+    v.add_argument("--run-timeout", type=float, default=60.0, help="verification time limit per answer (s)")
+    v.add_argument("--experience", default=None, metavar="DIR",
+                   help="record every conversation as experience for export-sft --experience")
+    v.set_defaults(func=cmd_llm_eval)
 
     n = sub.add_parser("nki-run", help="run an NKI kernel file on CPU with fusegraph's interpreter",
                        add_help=False)

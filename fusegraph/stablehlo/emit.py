@@ -1,0 +1,711 @@
+"""Translate StableHLO ops into PyTorch calls, one op at a time (the calls are traced into ATen by
+:mod:`.importer`).
+
+Each handler gets the op and its operands' current values (tensors or the deferred values of :mod:`.values`) and
+returns the results. Handlers write ops the way captured PyTorch code writes them (``linear``, ``softmax``,
+``x.mean(-1, keepdim=True)``, ``index_copy`` for a cache write), so the program built from a JAX step has the
+op forms fusegraph's patterns are traced to. Ops without a handler, and op forms a handler does not cover,
+raise :class:`~.ir.UnsupportedOp` naming the op: the caller then runs the original function instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.fx.traceback as fx_traceback
+import torch.nn.functional as F
+
+from . import idioms
+from .ir import Function, Module, Op, UnsupportedOp, Value, module_path
+from .values import (Bcast, Reduced, Splat, Transposed, elementwise_operand, elementwise_operands, materialize,
+                     python_scalar, torch_dtype)
+
+Handler = Callable[["Emitter", Op, list], list]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(*names: str) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
+        for n in names:
+            HANDLERS[n] = fn
+        return fn
+
+    return deco
+
+
+def supported_ops() -> list[str]:
+    """Every op name the importer translates (some only in the forms docs/jax.md lists)."""
+    return sorted(HANDLERS) + ["func.call", "stablehlo.composite"]
+
+
+class Emitter:
+    """Runs a StableHLO function by calling PyTorch for each op (under ``make_fx`` this records the ATen graph)."""
+
+    def __init__(self, module: Module, buffers: dict[int, torch.Tensor] | None = None) -> None:
+        self.module = module
+        self.buffers = buffers or {}  # id(constant op) -> the program input holding that constant
+        self._values: dict[int, Any] = {}  # the environment of the function being run (for idioms)
+
+    # ---- running functions -------------------------------------------------------------------------------
+    def run(self, fn: Function, args: Sequence[Any], scope: str | None = None, source: str | None = None) -> list:
+        env: dict[int, Any] = {id(v): a for v, a in zip(fn.body.args, args)}
+        saved, self._values = self._values, env
+        try:
+            for op in fn.body.ops:
+                with self._meta(op, scope, source):
+                    outs = self.emit(op, [env[id(v)] for v in op.operands])
+                if len(outs) != len(op.results):
+                    raise UnsupportedOp(op.name, f"{len(outs)} results for {len(op.results)}")
+                for r, o in zip(op.results, outs):
+                    env[id(r)] = o
+            return [env[id(v)] for v in fn.body.returns]
+        finally:
+            self._values = saved
+
+    def emit(self, op: Op, vals: list) -> list:
+        if op.name == "func.call":
+            return self.run(self.module.functions[op.attrs["callee"]], vals, op.scope or None, op.source)
+        if op.name == "stablehlo.composite":
+            return self.run(self.module.functions[op.attrs["decomposition"]], vals, op.scope or None, op.source)
+        handler = HANDLERS.get(op.name)
+        if handler is None:
+            detail = f"custom_call target {op.attrs.get('call_target_name')!r}" if op.name == "stablehlo.custom_call" else ""
+            raise UnsupportedOp(op.name, detail)
+        out = handler(self, op, vals)
+        return out if isinstance(out, list) else [out]
+
+    @contextlib.contextmanager
+    def _meta(self, op: Op, scope: str | None, source: str | None) -> Iterator[None]:
+        """Make every ATen node this op records carry its JAX scope as the module path (``layers.0.mlp``) and
+        its source line, the way dynamo's nodes carry ``nn_module_stack`` and ``stack_trace``."""
+        scope = scope if scope is not None else op.scope
+        source = source or op.source
+        path = module_path(scope) if scope else ""
+        stack = {"L['self']": ("L['self']", "jax")}
+        if path:
+            stack[f"L['self'].{path}"] = (f"L['self'].{path}", "jax.named_scope")
+        meta = {"nn_module_stack": stack}
+        if source:
+            file, _, line = source.rpartition(":")
+            meta["stack_trace"] = f'  File "{file}", line {line}, in jax\n    {source} {op.name}\n'
+        saved = fx_traceback.current_meta
+        fx_traceback.current_meta = meta
+        try:
+            yield
+        finally:
+            fx_traceback.current_meta = saved
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------
+def _rank(op: Op) -> int:
+    return len(op.result.type.shape)
+
+
+def _shape(op: Op) -> tuple[int, ...]:
+    return op.result.type.shape
+
+
+def _dtype(op: Op) -> torch.dtype:
+    return torch_dtype(op.result.type, op.name)
+
+
+def _np_dtype(name: str):
+    from .parse import _numpy_dtype
+
+    return _numpy_dtype(name)
+
+
+def _fold(op: Op, fn: Callable, *vals: Any) -> Splat:
+    """Constant-fold an op on splats with numpy in the op's own element types (bf16 rounding included)."""
+    args = [np.asarray(v.value, dtype=_np_dtype(v.dtype)) for v in vals]
+    out = np.asarray(fn(*args)).astype(_np_dtype(op.result.type.dtype))
+    return Splat(python_scalar(out.item(), op.result.type.dtype), op.result.type.dtype, _shape(op))
+
+
+def _splat(v: Any) -> Splat | None:
+    if isinstance(v, Splat):
+        return v
+    if isinstance(v, Bcast) and isinstance(v.src, Splat):
+        return v.src
+    return None
+
+
+def _fit(op: Op, t: Any) -> Any:
+    """An elementwise result whose implicit broadcast is smaller than the op's result: keep it deferred."""
+    shape = _shape(op)
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) == shape:
+        return t
+    rank = len(shape)
+    dims = tuple(range(rank)) if t.dim() == rank else tuple(range(rank - t.dim(), rank))
+    return Bcast(t, shape, dims)
+
+
+def _is_int(op_or_type: Any) -> bool:
+    t = op_or_type.result.type if isinstance(op_or_type, Op) else op_or_type
+    return t.dtype.startswith(("i", "ui")) and t.dtype != "i1"
+
+
+def _scalar_tensor(value: Any, op: Op) -> torch.Tensor:
+    return torch.full((), value, dtype=_dtype(op))
+
+
+# ---- constants, shapes, layout ------------------------------------------------------------------------------
+@handles("stablehlo.constant")
+def _constant(em: Emitter, op: Op, vals: list) -> Any:
+    arr = op.attrs["value"]
+    dtype = op.result.type.dtype
+    flat = arr.reshape(-1)
+    if flat.size and np.all(flat == flat[0]):
+        return Splat(python_scalar(flat[0].item(), dtype), dtype, _shape(op))
+    if id(op) in em.buffers:
+        return em.buffers[id(op)]
+    raise UnsupportedOp(op.name, "non-splat constant without a buffer input")  # pragma: no cover
+
+
+@handles("stablehlo.iota")
+def _iota(em: Emitter, op: Op, vals: list) -> Any:
+    dim = op.attrs["iota_dimension"]
+    n = _shape(op)[dim]
+    return Bcast(torch.arange(n, dtype=_dtype(op)), _shape(op), (dim,))
+
+
+@handles("stablehlo.broadcast_in_dim")
+def _broadcast_in_dim(em: Emitter, op: Op, vals: list) -> Any:
+    (src,) = vals
+    dims = tuple(op.attrs["broadcast_dimensions"])
+    if isinstance(src, Splat):
+        return Splat(src.value, src.dtype, _shape(op))
+    if isinstance(src, Bcast):
+        return Bcast(src.src, _shape(op), tuple(dims[d] for d in src.dims))
+    return Bcast(src, _shape(op), dims)
+
+
+@handles("stablehlo.reshape")
+def _reshape(em: Emitter, op: Op, vals: list) -> Any:
+    (src,) = vals
+    s = _splat(src)
+    if s is not None:
+        return Splat(s.value, s.dtype, _shape(op))
+    t = materialize(src)
+    return t if tuple(t.shape) == _shape(op) else t.reshape(_shape(op))
+
+
+@handles("stablehlo.transpose")
+def _transpose(em: Emitter, op: Op, vals: list) -> Any:
+    (src,) = vals
+    perm = list(op.attrs["permutation"])
+    s = _splat(src)
+    if s is not None:
+        return Splat(s.value, s.dtype, _shape(op))
+    if isinstance(src, Transposed) and perm == [1, 0] and len(src.t.shape) == len(perm) and \
+            (src.shape is None or len(src.shape) == 2):
+        return src.t
+    t = materialize(src)
+    moved = [i for i, p in enumerate(perm) if p != i]
+    if not moved:
+        return t
+    if len(moved) == 2:
+        return t.transpose(*moved)
+    return t.permute(perm)
+
+
+@handles("stablehlo.convert")
+def _convert(em: Emitter, op: Op, vals: list) -> Any:
+    (src,) = vals
+    s = _splat(src)
+    if s is not None:
+        return _fold(op, lambda a: a, s)
+    t = materialize(src) if not isinstance(src, Bcast) else None
+    if t is None:  # convert before expanding (what `x[..., None].astype(f32)` means)
+        inner = elementwise_operand(src, _rank(op))
+        out = inner.to(_dtype(op)) if isinstance(inner, torch.Tensor) else inner
+        return _fit(op, out)
+    return t if t.dtype == _dtype(op) else t.to(_dtype(op))
+
+
+@handles("stablehlo.slice")
+def _slice(em: Emitter, op: Op, vals: list) -> Any:
+    (src,) = vals
+    s = _splat(src)
+    if s is not None:
+        return Splat(s.value, s.dtype, _shape(op))
+    t = materialize(src)
+    starts, limits, strides = op.attrs["start_indices"], op.attrs["limit_indices"], op.attrs["strides"]
+    index: list = []
+    for size, a, b, st in zip(t.shape, starts, limits, strides):
+        if (a, b, st) == (0, size, 1):
+            index.append(slice(None))
+        else:
+            index.append(slice(a or None, None if b == size else b, None if st == 1 else st))
+    while index and index[-1] == slice(None):
+        index.pop()
+    if not index:
+        return t
+    lead = len(index) - 1
+    if all(i == slice(None) for i in index[:lead]) and lead > 0:
+        return t[(Ellipsis, index[-1])] if lead == t.dim() - 1 else t[tuple(index)]
+    return t[tuple(index)]
+
+
+@handles("stablehlo.concatenate")
+def _concatenate(em: Emitter, op: Op, vals: list) -> Any:
+    dim = op.attrs["dimension"]
+    splats = [_splat(v) for v in vals]
+    if all(splats) and len({(s.value, s.dtype) for s in splats}) == 1:
+        return Splat(splats[0].value, splats[0].dtype, _shape(op))
+    parts = [materialize(v) for v in vals]
+    return torch.cat(parts, dim=dim - _rank(op))
+
+
+@handles("stablehlo.pad")
+def _pad(em: Emitter, op: Op, vals: list) -> Any:
+    src, value = vals
+    if any(op.attrs["interior_padding"]):
+        raise UnsupportedOp(op.name, "interior padding")
+    pv = _splat(value)
+    if pv is None:
+        raise UnsupportedOp(op.name, "non-constant padding value")
+    t = materialize(src)
+    pads: list[int] = []
+    for lo, hi in reversed(list(zip(op.attrs["edge_padding_low"], op.attrs["edge_padding_high"]))):
+        pads += [lo, hi]
+    return F.pad(t, pads, value=pv.value)
+
+
+@handles("stablehlo.reverse")
+def _reverse(em: Emitter, op: Op, vals: list) -> Any:
+    return torch.flip(materialize(vals[0]), list(op.attrs["dimensions"]))
+
+
+@handles("stablehlo.optimization_barrier")
+def _barrier(em: Emitter, op: Op, vals: list) -> Any:
+    return list(vals)
+
+
+# ---- elementwise --------------------------------------------------------------------------------------------
+_COMMUTATIVE = {"stablehlo.add": operator.add, "stablehlo.multiply": operator.mul}
+_NUMPY_BINARY = {"stablehlo.add": np.add, "stablehlo.multiply": np.multiply, "stablehlo.subtract": np.subtract,
+                 "stablehlo.maximum": np.maximum, "stablehlo.minimum": np.minimum}
+
+
+def _binary_operands(op: Op, vals: list) -> tuple[Any, Any]:
+    a, b = elementwise_operands(vals, _shape(op))
+    return a, b
+
+
+@handles("stablehlo.add", "stablehlo.multiply", "stablehlo.subtract", "stablehlo.divide", "stablehlo.maximum",
+         "stablehlo.minimum", "stablehlo.power", "stablehlo.remainder", "stablehlo.atan2", "stablehlo.and",
+         "stablehlo.or", "stablehlo.xor")
+def _binary(em: Emitter, op: Op, vals: list) -> Any:
+    name = op.name
+    sa, sb = _splat(vals[0]), _splat(vals[1])
+    if sa is not None and sb is not None and name in _NUMPY_BINARY:
+        return _fold(op, _NUMPY_BINARY[name], sa, sb)
+    if name == "stablehlo.divide":
+        r = idioms.mean_of(op)
+        if r is not None:
+            return _mean(em, op, vals, r)
+        sm = idioms.softmax_of(op)
+        if sm is not None:
+            return _softmax(em, op, sm)
+        x = idioms.sigmoid_of(op.result)
+        if x is not None:  # 1 / (1 + exp(-x))
+            return _fit(op, torch.sigmoid(materialize(_value_of(em, op, x))))
+    if name == "stablehlo.multiply":
+        x = idioms.silu_of(op)
+        if x is not None:
+            return _fit(op, F.silu(materialize(_value_of(em, op, x))))
+        if op.operands[0] is op.operands[1]:
+            return _fit(op, elementwise_operand(vals[0], _rank(op)).pow(2))
+    a, b = _binary_operands(op, vals)
+    if name in _COMMUTATIVE:
+        if not isinstance(a, torch.Tensor):
+            a, b = b, a
+        return _fit(op, _COMMUTATIVE[name](a, b))
+    if name in ("stablehlo.maximum", "stablehlo.minimum"):
+        if not isinstance(a, torch.Tensor):
+            a, b = b, a
+        if not isinstance(b, torch.Tensor):
+            if name == "stablehlo.maximum" and b == 0 and not _is_int(op) and op.result.type.dtype != "i1":
+                return _fit(op, torch.relu(a))
+            return _fit(op, torch.clamp(a, min=b) if name == "stablehlo.maximum" else torch.clamp(a, max=b))
+        return _fit(op, torch.maximum(a, b) if name == "stablehlo.maximum" else torch.minimum(a, b))
+    if name in ("stablehlo.and", "stablehlo.or", "stablehlo.xor"):
+        if not isinstance(a, torch.Tensor):
+            a, b = b, a
+        fn = {"stablehlo.and": operator.and_, "stablehlo.or": operator.or_, "stablehlo.xor": operator.xor}[name]
+        return _fit(op, fn(a, b))
+    if not isinstance(a, torch.Tensor):  # scalar on the left of a non-commutative op: a 0-d tensor, exact
+        a = _scalar_tensor(a, op)
+    if name == "stablehlo.subtract":
+        return _fit(op, a - b)
+    if name == "stablehlo.divide":
+        return _fit(op, torch.div(a, b, rounding_mode="trunc") if _is_int(op) else a / b)
+    if name == "stablehlo.power":
+        return _fit(op, torch.pow(a, b))
+    if name == "stablehlo.remainder":
+        return _fit(op, torch.fmod(a, b))
+    return _fit(op, torch.atan2(a, b if isinstance(b, torch.Tensor) else _scalar_tensor(b, op)))
+
+
+def _value_of(em: Emitter, op: Op, v: Value) -> torch.Tensor:
+    """The tensor of a StableHLO value an idiom refers to (already emitted: it precedes ``op``)."""
+    return em_values(em)[id(v)]
+
+
+def em_values(em: Emitter) -> dict:
+    return em._values  # type: ignore[attr-defined]
+
+
+def _mean(em: Emitter, op: Op, vals: list, r: Op) -> Any:
+    src = em_values(em)[id(r.result)]
+    reduced = src.src if isinstance(src, Bcast) and isinstance(src.src, Reduced) else src
+    if not isinstance(reduced, Reduced):  # the reshape form of keepdims: compute the mean and reshape
+        red = Reduced("mean", materialize(em_values(em)[id(r.operands[0])]), tuple(r.attrs["dimensions"]), None,
+                      r.result.type.shape)
+        return materialize(red).reshape(_shape(op))
+    mean = Reduced("mean", reduced.src, reduced.dims, None, reduced.shape)
+    num = vals[0]
+    if isinstance(num, Bcast) and num.src is reduced:
+        return Bcast(mean, num.shape, num.dims)
+    return mean
+
+
+def _softmax(em: Emitter, op: Op, found: tuple[Value, int]) -> Any:
+    x, dim = found
+    t = materialize(em_values(em)[id(x)])
+    return torch.softmax(t, dim - t.dim())
+
+
+_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "stablehlo.negate": operator.neg, "stablehlo.exponential": torch.exp, "stablehlo.exponential_minus_one": torch.expm1,
+    "stablehlo.log": torch.log, "stablehlo.log_plus_one": torch.log1p, "stablehlo.sqrt": torch.sqrt,
+    "stablehlo.rsqrt": torch.rsqrt, "stablehlo.cbrt": lambda x: torch.sign(x) * torch.abs(x).pow(1.0 / 3.0),
+    "stablehlo.tanh": torch.tanh, "stablehlo.logistic": torch.sigmoid, "stablehlo.sine": torch.sin,
+    "stablehlo.cosine": torch.cos, "stablehlo.tan": torch.tan, "chlo.tan": torch.tan, "stablehlo.abs": torch.abs,
+    "stablehlo.sign": torch.sign, "stablehlo.floor": torch.floor, "stablehlo.ceil": torch.ceil,
+    "stablehlo.round_nearest_even": torch.round,
+    "stablehlo.round_nearest_afz": lambda x: torch.sign(x) * torch.floor(torch.abs(x) + 0.5),
+    "stablehlo.is_finite": torch.isfinite, "chlo.erf": torch.erf, "chlo.erf_inv": torch.erfinv,
+    "chlo.lgamma": torch.lgamma, "chlo.digamma": torch.digamma, "chlo.square": lambda x: x.pow(2),
+}
+
+
+@handles(*_UNARY, "stablehlo.not")
+def _unary(em: Emitter, op: Op, vals: list) -> Any:
+    (src,) = vals
+    s = _splat(src)
+    if s is not None and op.name == "stablehlo.negate":
+        return _fold(op, np.negative, s)
+    x = elementwise_operand(src, _rank(op))
+    if not isinstance(x, torch.Tensor):
+        x = _scalar_tensor(x, op) if op.name != "stablehlo.is_finite" else torch.full((), x)
+    if op.name == "stablehlo.not":
+        return _fit(op, torch.logical_not(x) if x.dtype == torch.bool else torch.bitwise_not(x))
+    return _fit(op, _UNARY[op.name](x))
+
+
+_COMPARE = {"EQ": operator.eq, "NE": operator.ne, "LT": operator.lt, "LE": operator.le, "GT": operator.gt,
+            "GE": operator.ge}
+_MIRROR = {"EQ": "EQ", "NE": "NE", "LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}
+
+
+@handles("stablehlo.compare")
+def _compare(em: Emitter, op: Op, vals: list) -> Any:
+    direction = op.attrs["comparison_direction"]
+    a, b = _binary_operands(op, vals)
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        return Splat(bool(_COMPARE[direction](a, b)), "i1", _shape(op))
+    if not isinstance(a, torch.Tensor):
+        a, b, direction = b, a, _MIRROR[direction]
+    return _fit(op, _COMPARE[direction](a, b))
+
+
+@handles("stablehlo.select")
+def _select(em: Emitter, op: Op, vals: list) -> Any:
+    pred, on_true, on_false = vals
+    sp = _splat(pred)
+    if sp is not None:
+        chosen = on_true if sp.value else on_false
+        return Splat(chosen.value, chosen.dtype, _shape(op)) if _splat(chosen) is not None else _fit(
+            op, elementwise_operand(chosen, _rank(op)))
+    c, a, b = elementwise_operands([pred, on_true, on_false], _shape(op))
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        a = torch.zeros((), dtype=_dtype(op)) if a == 0 else _scalar_tensor(a, op)
+    return _fit(op, torch.where(c, a, b))
+
+
+@handles("stablehlo.clamp")
+def _clamp(em: Emitter, op: Op, vals: list) -> Any:
+    lo, t, hi = elementwise_operands(list(vals), _shape(op))
+    if not isinstance(t, torch.Tensor):
+        t = _scalar_tensor(t, op)
+    return _fit(op, torch.clamp(t, lo, hi))
+
+
+# ---- reductions and contractions ----------------------------------------------------------------------------
+_IDENTITY = {"sum": 0, "prod": 1, "all": True, "any": False}
+
+
+@handles("stablehlo.reduce")
+def _reduce(em: Emitter, op: Op, vals: list) -> Any:
+    kind = idioms.reduce_kind(op)
+    if kind is None:
+        found = _argmax(em, op, vals)
+        if found is not None:
+            return found
+        raise UnsupportedOp(op.name, "reduction body other than add/max/min/mul/and/or or arg-max/min")
+    src, init = vals
+    si = _splat(init)
+    if si is None:
+        raise UnsupportedOp(op.name, "non-constant initial value")
+    dims = tuple(op.attrs["dimensions"])
+    t = materialize(src)
+    if not dims:
+        return t
+    init_value = si.value
+    if kind in _IDENTITY and init_value == _IDENTITY[kind]:
+        init_value = None
+    elif kind in ("max", "min") and (math.isinf(init_value) if isinstance(init_value, float) else
+                                     init_value in (torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max,
+                                                    -2 ** 31, 2 ** 31 - 1)):
+        init_value = None  # -inf / +inf (or the int extremes): the reduction's identity
+    return Reduced(kind, t, dims, init_value, _shape(op))
+
+
+def _argmax(em: Emitter, op: Op, vals: list) -> list | None:
+    """``jnp.argmax/argmin``: a 2-operand reduce of (x, iota along the reduced dim) whose body keeps the larger
+    (smaller) value and, on ties, the lower index; returns (max values, indices)."""
+    if len(op.operands) != 4 or len(op.attrs["dimensions"]) != 1 or not op.regions:
+        return None
+    dim = op.attrs["dimensions"][0]
+    iota = idioms.producer(op.operands[1], "stablehlo.iota", through_broadcast=True)
+    if iota is None:
+        bc = op.operands[1].producer
+        if bc is None or bc.name != "stablehlo.broadcast_in_dim":
+            return None
+    directions = [o.attrs.get("comparison_direction") for o in op.regions[0].ops if o.name == "stablehlo.compare"]
+    if "GT" in directions:
+        largest = True
+    elif "LT" in directions:
+        largest = False
+    else:
+        return None
+    x = materialize(vals[0])
+    d = dim - x.dim()
+    idx = torch.argmax(x, d) if largest else torch.argmin(x, d)
+    values = torch.amax(x, d) if largest else torch.amin(x, d)
+    return [values, idx.to(torch_dtype(op.results[1].type))]
+
+
+@handles("stablehlo.dot_general")
+def _dot_general(em: Emitter, op: Op, vals: list) -> Any:
+    dn = op.attrs["dot_dimension_numbers"]
+    lb, rb, lc, rc = dn["lhs_batch"], dn["rhs_batch"], dn["lhs_contract"], dn["rhs_contract"]
+    out_dtype = _dtype(op)
+    lhs_v, rhs_v = vals
+    lrank, rrank = len(op.operands[0].type.shape), len(op.operands[1].type.shape)
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t if t.dtype == out_dtype else t.to(out_dtype)
+
+    if isinstance(rhs_v, Transposed) and not lb and rc == tuple(range(len(rc))) and \
+            lc == tuple(range(lrank - len(lc), lrank)):
+        # x[..., K...] @ W[K..., N...] with the program holding W as [N, K]: HF's linear (+ reshapes)
+        x = cast(materialize(lhs_v))
+        k = rhs_v.t.shape[1]
+        lead = list(x.shape[:lrank - len(lc)])
+        x2 = x if len(lc) == 1 else x.reshape(lead + [k])
+        out = F.linear(x2, cast(rhs_v.t))
+        return out if tuple(out.shape) == _shape(op) else out.reshape(_shape(op))
+    if not lb and not rb and len(lc) == 1 and lc[0] == lrank - 1 and rrank == 2 and len(rc) == 1 and lrank >= 1:
+        x = cast(materialize(lhs_v))
+        w = cast(materialize(rhs_v))
+        if rc[0] == 1:
+            return F.linear(x, w)
+        return torch.matmul(x, w)
+    nb = len(lb)
+    lhs = cast(materialize(lhs_v))
+    rhs = cast(materialize(rhs_v))
+    if lb == rb == tuple(range(nb)) and lrank == nb + 2 and rrank == nb + 2 and lc == (nb + 1,):
+        if rc == (nb,):
+            return torch.matmul(lhs, rhs)
+        if rc == (nb + 1,):
+            return torch.matmul(lhs, rhs.transpose(-1, -2))
+    # general: [batch, free, contract] x [batch, contract, free] as one bmm
+    lfree = [d for d in range(lrank) if d not in lb and d not in lc]
+    rfree = [d for d in range(rrank) if d not in rb and d not in rc]
+    bshape = [lhs.shape[d] for d in lb]
+    m = math.prod(lhs.shape[d] for d in lfree)
+    k = math.prod(lhs.shape[d] for d in lc)
+    n = math.prod(rhs.shape[d] for d in rfree)
+    b = math.prod(bshape)
+    a3 = lhs.permute([*lb, *lfree, *lc]).reshape(b, m, k)
+    b3 = rhs.permute([*rb, *rc, *rfree]).reshape(b, k, n)
+    return torch.bmm(a3, b3).reshape(_shape(op))
+
+
+# ---- indexing -----------------------------------------------------------------------------------------------
+def _int_tensor(v: Any) -> torch.Tensor:
+    if isinstance(v, (Splat,)) or _splat(v) is not None:
+        return torch.full((), int(_splat(v).value), dtype=torch.int64)
+    return materialize(v)
+
+
+def _start(v: Any, limit: int) -> Any:
+    """A dynamic start index clamped like StableHLO does (so the slice fits): an int for constants."""
+    s = _splat(v)
+    if s is not None:
+        return min(max(int(s.value), 0), limit)
+    t = materialize(v).to(torch.int64) if materialize(v).dtype != torch.int64 else materialize(v)
+    return torch.clamp(t, 0, limit)
+
+
+@handles("stablehlo.dynamic_slice")
+def _dynamic_slice(em: Emitter, op: Op, vals: list) -> Any:
+    src, *starts = vals
+    t = materialize(src)
+    sizes = op.attrs["slice_sizes"]
+    for d, (s, size) in enumerate(zip(starts, sizes)):
+        full = t.shape[d]
+        if size == full:
+            continue
+        st = _start(s, full - size)
+        if isinstance(st, int):
+            t = t.narrow(d, st, size)
+        else:
+            t = torch.index_select(t, d, st.reshape(1) + torch.arange(size))
+    return t
+
+
+@handles("stablehlo.dynamic_update_slice")
+def _dynamic_update_slice(em: Emitter, op: Op, vals: list) -> Any:
+    """A cache write ``dynamic_update_slice(cache, new, 0, 0, pos, 0)`` becomes ``index_copy(cache, 2, pos,
+    new)``: the functional form of HF's ``cache.index_copy_`` that fusegraph turns into an in-place state write."""
+    src, upd, *starts = vals
+    t = materialize(src)
+    u = materialize(upd)
+    if u.dtype != t.dtype:
+        u = u.to(t.dtype)
+    moving = [d for d in range(t.dim()) if u.shape[d] != t.shape[d]]
+    if not moving:
+        return u.clone()
+    index = []
+    for d in moving:
+        st = _start(starts[d], t.shape[d] - u.shape[d])
+        n = u.shape[d]
+        if isinstance(st, int):
+            index.append(torch.arange(st, st + n))
+        else:
+            index.append(st.reshape(1) if n == 1 else st.reshape(1) + torch.arange(n))
+    if len(moving) == 1:
+        return torch.index_copy(t, moving[0], index[0], u)
+    grids: list = [slice(None)] * t.dim()
+    shape_all = [1] * t.dim()
+    for j, d in enumerate(moving):
+        shp = list(shape_all)
+        shp[d] = u.shape[d]
+        grids[d] = index[j].reshape(shp)
+    full = [torch.arange(t.shape[d]).reshape([t.shape[d] if i == d else 1 for i in range(t.dim())])
+            if d not in moving else grids[d] for d in range(t.dim())]
+    return torch.index_put(t, tuple(full), u)
+
+
+@handles("stablehlo.gather")
+def _gather(em: Emitter, op: Op, vals: list) -> Any:
+    operand_v, indices_v = vals
+    dn = op.attrs["dimension_numbers"]
+    sizes = tuple(op.attrs["slice_sizes"])
+    oshape = op.operands[0].type.shape
+    ishape = op.operands[1].type.shape
+    ivd = dn["index_vector_dim"]
+    out_shape = _shape(op)
+    idx = _int_tensor(indices_v)
+    if idx.dtype != torch.int64:
+        idx = idx.to(torch.int64)
+    if ivd == len(ishape):
+        idx = idx.unsqueeze(-1)
+    elif ivd != len(ishape) - 1:
+        idx = idx.movedim(ivd, -1)
+    batch_shape = tuple(idx.shape[:-1])
+    # the embedding lookup: rows of a [V, H] table
+    if (len(oshape) == 2 and dn["collapsed_slice_dims"] == (0,) and dn["start_index_map"] == (0,)
+            and sizes == (1, oshape[1]) and dn["offset_dims"] == (len(batch_shape),) and not dn["operand_batching_dims"]):
+        rows = torch.clamp(idx.reshape(batch_shape), 0, oshape[0] - 1)
+        return F.embedding(rows, materialize(operand_v))
+    operand = materialize(operand_v)
+    out_rank = len(out_shape)
+    offset_dims = dn["offset_dims"]
+    batch_out = [d for d in range(out_rank) if d not in offset_dims]
+    window = [d for d in range(len(oshape)) if d not in dn["collapsed_slice_dims"] and d not in dn["operand_batching_dims"]]
+    idx_dims = [d for d in range(len(ishape)) if d != ivd]  # indices dims in batch order
+
+    def place(t: torch.Tensor, positions: list[int]) -> torch.Tensor:
+        shape = [1] * out_rank
+        for p, s in zip(positions, t.shape):
+            shape[p] = s
+        return t.reshape(shape)
+
+    grids = []
+    for d in range(len(oshape)):
+        g: Any = None
+        if d in dn["start_index_map"]:
+            p = dn["start_index_map"].index(d)
+            g = place(torch.clamp(idx[..., p], 0, oshape[d] - sizes[d]), batch_out)
+        if d in dn["operand_batching_dims"]:
+            k = dn["operand_batching_dims"].index(d)
+            pos = idx_dims.index(dn["start_indices_batching_dims"][k])
+            g = place(torch.arange(batch_shape[pos]), [batch_out[pos]])
+        if d in window:
+            w = place(torch.arange(sizes[d]), [offset_dims[window.index(d)]])
+            g = w if g is None else g + w
+        grids.append(g if g is not None else torch.zeros((), dtype=torch.int64))
+    out = operand[tuple(grids)]
+    return out.reshape(out_shape) if tuple(out.shape) != out_shape and out.numel() == math.prod(out_shape) else \
+        out.expand(out_shape)
+
+
+# ---- sorting ------------------------------------------------------------------------------------------------
+@handles("chlo.top_k")
+def _top_k(em: Emitter, op: Op, vals: list) -> Any:
+    k = op.attrs["k"]
+    values, indices = torch.topk(materialize(vals[0]), k, dim=-1, largest=True, sorted=True)
+    return [values, indices.to(torch_dtype(op.results[1].type))]
+
+
+def _comparator_arg(v: Value, body: Any) -> int | None:
+    """Which comparator argument a compared value is, through JAX's float canonicalization (``-0 -> 0`` and
+    NaN selects, ``select(cond, constant, x)``) that makes its sort a total order."""
+    while v.producer is not None and v.producer.name == "stablehlo.select":
+        v = v.producer.operands[2]
+    for i, arg in enumerate(body.args):
+        if v is arg:
+            return i
+    return None
+
+
+@handles("stablehlo.sort")
+def _sort(em: Emitter, op: Op, vals: list) -> Any:
+    """``lax.sort`` with a comparator on the first operand only (``<`` or ``>``); the other operands follow it."""
+    body = op.regions[0] if op.regions else None
+    c = body.returns[0].producer if body and len(body.returns) == 1 else None
+    if c is None or c.name != "stablehlo.compare" or c.attrs["comparison_direction"] not in ("LT", "GT"):
+        raise UnsupportedOp(op.name, "comparator other than one < or > on the first operand")
+    a, b = (_comparator_arg(v, body) for v in c.operands)
+    direction = c.attrs["comparison_direction"]
+    if (a, b) == (1, 0):  # written as b < a
+        direction = _MIRROR[direction]
+    elif (a, b) != (0, 1):
+        raise UnsupportedOp(op.name, "comparator other than one < or > on the first operand")
+    dim = op.attrs["dimension"]
+    keys = materialize(vals[0])
+    d = dim - keys.dim()
+    sorted_keys, order = torch.sort(keys, dim=d, descending=direction == "GT", stable=True)
+    out = [sorted_keys]
+    for v in vals[1:]:
+        out.append(torch.gather(materialize(v), d, order))
+    return out

@@ -53,6 +53,9 @@ def index_values(ctx, index: object, kind: str, count: int, limit: int, target_l
 
     ``column_major``: read a 2-D index tile column by column (``indices.T.flatten()``, the order of an indirect
     ``dma_transpose``) and keep the first ``count`` values."""
+    tr = ctx.rec.tracer
+    if tr is not None:  # the access depends on the instruction that wrote the index (a top-k, a register load)
+        tr.touch(f"r{index.id}" if isinstance(index, VirtualRegister) else f"s{index._st.id}", False)
     if isinstance(index, VirtualRegister):
         if index.value is None:
             raise NkiValidationError(f"register {index.name} used as an index before it was written", rule="register",

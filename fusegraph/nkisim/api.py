@@ -24,11 +24,12 @@ from .tensor import NkiTensor
 
 ISA_IMPLEMENTED = (
     "activation", "activation_reduce", "affine_select", "bn_aggr", "bn_stats", "core_barrier", "dma_compute",
-    "dma_copy", "dma_transpose", "exponential", "get_nc_version", "iota", "max8", "memset", "nc_find_index8",
-    "nc_match_replace8", "nc_matmul", "nc_n_gather", "nc_stream_shuffle", "nc_transpose", "range_select",
-    "reciprocal", "register_alloc", "register_load", "register_move", "register_store", "scalar_tensor_tensor",
-    "select_reduce", "sendrecv", "tensor_copy", "tensor_copy_predicated", "tensor_reduce", "tensor_scalar",
-    "tensor_scalar_reduce", "tensor_tensor", "tensor_tensor_scan",
+    "dma_copy", "dma_transpose", "exponential", "get_nc_version", "iota", "local_gather", "max8", "memset",
+    "nc_find_index8", "nc_match_replace8", "nc_matmul", "nc_n_gather", "nc_stream_shuffle", "nc_transpose",
+    "range_select", "reciprocal", "register_alloc", "register_load", "register_move", "register_store",
+    "scalar_tensor_tensor", "select_reduce", "sendrecv", "tensor_copy", "tensor_copy_predicated",
+    "tensor_partition_reduce", "tensor_reduce", "tensor_scalar", "tensor_scalar_reduce", "tensor_tensor",
+    "tensor_tensor_scan",
 )
 
 LANGUAGE_IMPLEMENTED = (

@@ -27,6 +27,7 @@ from .context import ProgramContext, current
 from .enums import MemoryRegion
 from .errors import NkiValidationError
 from .tensor import NkiTensor, check_bounds
+from .trace import covers_storage, storage_key
 
 SBUF = MemoryRegion.sbuf
 PSUM = MemoryRegion.psum
@@ -65,6 +66,8 @@ class Instr:
         self.inputs: dict[str, str] = {}
         if self.ctx.ind_cache:
             self.ctx.ind_cache.clear()
+        if self.ctx.rec.tracer is not None:
+            self.ctx.rec.tracer.begin()
 
     @property
     def data(self) -> bool:
@@ -83,8 +86,13 @@ class Instr:
         m = x._st.mem
         if m is not None:
             m.last_use = self.ctx.rec.count
-        if arg not in OUTPUT_ARGS and not arg.startswith("dst"):
+        is_input = arg not in OUTPUT_ARGS and not arg.startswith("dst")
+        if is_input:
             self.inputs[arg] = x.dtype.name
+        tr = self.ctx.rec.tracer
+        if tr is not None:
+            tr.touch(storage_key(x), not is_input, not covers_storage(x), "hbm" if x._st.buffer.is_hbm else
+                     x._st.buffer.name)
         if x._ap and x._ind is None:
             try:
                 check_bounds(x)

@@ -20,8 +20,7 @@ from .context import current
 from .opsdef import spec_of
 
 
-class NKIObject:
-    """Base class for NKI kernel dataclasses and configuration objects."""
+from .nkiobject import NKIObject  # noqa: E402 - nccl.NKIObject is the same base as nl.NKIObject
 
 
 class ReplicaGroup(NKIObject):

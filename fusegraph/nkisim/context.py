@@ -19,6 +19,7 @@ from .errors import NkiUsageError
 from .memory import MemoryTracker
 from .profile import Recorder
 from .targets import Target
+from .trace import Tracer
 
 _tls = threading.local()
 
@@ -37,6 +38,8 @@ class RunState:
     sbuf_budget: int
     max_records: int
     grid_ndim: int = 0
+    trace: bool = False  # record every instruction (fusegraph.nkisim.trace)
+    trace_layer: str | None = None  # "function:variable" read into every trace event
     sync: Any = None  # fusegraph.nkisim.sync.SyncHub
     lock: threading.Lock = field(default_factory=threading.Lock)
     shared_allocs: dict[tuple, Any] = field(default_factory=dict)
@@ -52,7 +55,8 @@ class ProgramContext:
         self.target = run.target
         self.shape_only = run.shape_only
         self.mem = MemoryTracker(run.target, run.sbuf_budget)
-        self.rec = Recorder(program_id, rank, run.max_records)
+        tracer = Tracer(run.trace_layer) if run.trace else None
+        self.rec = Recorder(program_id, rank, run.max_records, tracer)
         self.act_regs = np.zeros(128, dtype=np.float32)  # ScalarE reduce registers
         self.vec_regs = np.zeros(128, dtype=np.float32)  # VectorE accumulator registers
         self.shared_counts: dict[tuple, int] = {}

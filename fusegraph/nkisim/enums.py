@@ -77,11 +77,38 @@ class matmul_perf_mode(_NkiEnum):  # noqa: N801
 
 
 class nc_version(_NkiEnum):  # noqa: N801
-    """NeuronCore version."""
+    """NeuronCore version.
+
+    Ordered by generation: nki-library's 2.29 branch writes ``nisa.get_nc_version() >= nisa.nc_version.gen4``
+    (``attention_tkg.py``) and ``>= 3`` (experimental collectives) in hardware-tested kernels, so the compiler
+    compares versions; comparing with an int compares the generation number."""
 
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+    def _gen(self, other: object) -> int | None:
+        if isinstance(other, nc_version):
+            return other.value
+        if isinstance(other, int) and not isinstance(other, bool):
+            return other
+        return None
+
+    def __lt__(self, other: object) -> bool:
+        g = self._gen(other)
+        return NotImplemented if g is None else self.value < g
+
+    def __le__(self, other: object) -> bool:
+        g = self._gen(other)
+        return NotImplemented if g is None else self.value <= g
+
+    def __gt__(self, other: object) -> bool:
+        g = self._gen(other)
+        return NotImplemented if g is None else self.value > g
+
+    def __ge__(self, other: object) -> bool:
+        g = self._gen(other)
+        return NotImplemented if g is None else self.value >= g
 
 
 class oob_mode(_NkiEnum):  # noqa: N801
@@ -114,13 +141,45 @@ def _where() -> str | None:
 ENV_LENIENT = "FUSEGRAPH_NKISIM_LENIENT_ENUMS"
 
 
+#: (instruction, location) sites already warned about a raw ``dge_mode`` int (one warning per site, not per call)
+_WARNED_RAW: set[tuple[str, str | None]] = set()
+
+
+def _raw_dge_mode(value: Any, op: str) -> "dge_mode | None":
+    """A raw int ``dge_mode`` value (0-3) as its member, with one warning per call site; else None.
+
+    The 0.3.0 update guide says raw enum ints are "no longer accepted", but nki-library's ``2.29`` branch (the one
+    "corresponding to" SDK 2.29, also the library the compiler bundles) passes ``dge_mode=3`` in its hardware-tested
+    TKG kernels (``norm_tkg_utils.py``, ``qkv_tkg.py``, ``mlp_tkg``), and so does the hand-written Qwen3 megakernel
+    (``dge_mode=3`` / ``dge_mode=0``).  We never reject what those kernels do: the value is accepted and warned
+    about (fusegraph's own code always emits members)."""
+    if isinstance(value, (bool, Enum)) or not isinstance(value, int):
+        return None
+    try:
+        member = dge_mode(value)
+    except ValueError:
+        return None
+    where = _where()
+    key = (op, where)
+    if key not in _WARNED_RAW:
+        _WARNED_RAW.add(key)
+        log.warning("%s: raw dge_mode=%r accepted as %s at %s (2.29 documents enum members only; nki-library 2.29 "
+                    "passes ints)", op, value, member, where)
+    return member
+
+
 def require_enum(value: Any, enum_cls: type[E], what: str, op: str) -> E:
     """Return ``value`` if it is a member of ``enum_cls``; raise the 2.29 rule violation otherwise.
 
-    ``FUSEGRAPH_NKISIM_LENIENT_ENUMS=1`` accepts raw enum values (with a warning) so that 2.29-era
-    nki-library code, which still passes e.g. ``dge_mode=3``, can be run; never set it for generated code."""
+    Raw ``dge_mode`` ints are accepted with a warning (see :func:`_raw_dge_mode`).
+    ``FUSEGRAPH_NKISIM_LENIENT_ENUMS=1`` accepts raw values of the other enums too (with a warning); never set it
+    for generated code."""
     if isinstance(value, enum_cls):
         return value
+    if enum_cls is dge_mode:
+        member = _raw_dge_mode(value, op)
+        if member is not None:
+            return member  # type: ignore[return-value]
     if os.environ.get(ENV_LENIENT) == "1" and not isinstance(value, (bool, Enum)):
         try:
             member = enum_cls(value)

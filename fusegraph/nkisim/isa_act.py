@@ -1,5 +1,5 @@
 """Activation and reduction instructions: activation, activation_reduce, exponential, tensor_reduce,
-tensor_scalar_reduce.
+tensor_scalar_reduce, tensor_partition_reduce.
 
 ScalarE ``activation`` computes ``op(data * scale + bias)`` in float32 and can reduce (``nl.add``) along the
 free axes into 128 per-lane accumulator registers that persist between instructions (``reduce_cmd``);
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import dtypes as dt
-from .checks import Instr
+from .checks import PSUM, Instr
 from .enums import reduce_cmd, require_enum
 from .isa_common import (
     act_op,
@@ -277,3 +277,37 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, revers
     mark_written(dst)
     mark_written(reduce_res)
     I.record("tensor_scalar_reduce", "vector", P, g.free_elems, dst.dtype.name, name_arg(name))
+
+
+_PARTITION_REDUCE_OPS = ("add", "maximum", "bitwise_or", "bitwise_and")
+
+
+def tensor_partition_reduce(dst, op, data, name=None):
+    """dst[0, f] = op over partitions p of data[p, f] (GpSimd Engine).
+
+    The 2.29 docstring: "Apply a reduction operation across partitions of an input data tile using GpSimd Engine",
+    op one of add, max, bitwise_or, bitwise_and; its SDK example reduces a ``(128, 32, 4)`` tile into ``(1, 32, 4)``.
+    So dst has one partition and data's free elements; GpSimd cannot access PSUM.  Arithmetic reduces in float32
+    (cast to dst on write), bitvec operators on integer bit patterns, like ``tensor_reduce``."""
+    I = Instr("nisa.tensor_partition_reduce")
+    spec = reduce_op_spec(I, op, "op", allowed=_PARTITION_REDUCE_OPS)
+    for arg, t in (("dst", dst), ("data", data)):
+        if isinstance(t, NkiTensor) and t.buffer is PSUM:
+            raise I.fail(f"{arg} is in PSUM but the GpSimd engine cannot access PSUM", "engine")
+    gd = I.onchip(dst, "dst")
+    g = I.onchip(data, "data")
+    if gd.partitions != 1:
+        raise I.fail(f"dst must have one partition (the reduction result), got {gd.partitions}", "shape")
+    I.same_free([("dst", gd), ("data", g)])
+    if spec.bitvec:
+        require_int(I, data, "data", f"bitvec operator nl.{spec.name}")
+        require_int(I, dst, "dst", f"bitvec operator nl.{spec.name}")
+    if I.data:
+        P = g.partitions
+        if spec.bitvec:
+            vals = np.asarray(raw2(I, data)).astype(np.int64)
+            store(I, dst, spec.reduce(vals, 0).reshape(1, -1).astype(np.int64))
+        else:
+            store(I, dst, spec.reduce(flat2(I, data).reshape(P, -1), 0).reshape(1, -1).astype(np.float32))
+    mark_written(dst)
+    I.record("tensor_partition_reduce", "gpsimd", g.partitions, g.free_elems, dst.dtype.name, name_arg(name))

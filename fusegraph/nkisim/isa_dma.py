@@ -8,11 +8,11 @@ the partition step equal to the tensor's free size; an indirect ``dma_transpose`
 Indirect Transpose Constraints") and gathers rows in ``indices.T.flatten()`` order.  Element counts must match;
 values are converted through float32 when dtypes differ (swdge/none/unknown).
 
-Profile: one DMA instruction per call with its bytes, partitions, bytes per partition and an estimate of the
-descriptor count (one per contiguous run: ``elements / min(contiguous run of src, dst)``, runs never crossing
-a partition of an on-chip side), its queue, DGE mode and indirection (``vector`` when an endpoint has a runtime
-``vector_offset``, else ``scalar`` for a runtime ``scalar_offset``, else none), plus the HBM bytes read/written
-per tensor.
+Profile: one DMA instruction per call with its bytes (read, written, and their mean as the bytes moved),
+partitions, bytes per partition and an estimate of the descriptor count (one per contiguous run:
+``elements / min(contiguous run of src, dst)``, runs never crossing a partition of an on-chip side), its queue,
+DGE mode and indirection (``vector`` when an endpoint has a runtime ``vector_offset``, else ``scalar`` for a runtime
+``scalar_offset``, else none), plus the HBM bytes read/written per tensor.
 """
 
 from __future__ import annotations
@@ -92,7 +92,11 @@ def _account(I: Instr, opcode: str, dst: NkiTensor, src: NkiTensor | list[NkiTen
     srcs = src if isinstance(src, list) else [src]
     elements = dst.size
     partitions = _partitions(dst, srcs[0])
-    nbytes = max(elements * dst.dtype.itemsize, max(s.size * s.dtype.itemsize for s in srcs))
+    # bytes read and written are counted separately: a converting DMA (bf16 -> fp32) reads 2 and writes 4 bytes per
+    # element; what it moves is their mean (the size of a same-dtype copy), not the larger element size
+    read_bytes = sum(s.size * s.dtype.itemsize for s in srcs)
+    write_bytes = elements * dst.dtype.itemsize
+    nbytes = -(-(read_bytes + write_bytes) // 2)
     desc = max(_descriptors(dst, s, elements, partitions) for s in srcs)
     for s in srcs:
         if s.buffer.is_hbm:
@@ -103,7 +107,7 @@ def _account(I: Instr, opcode: str, dst: NkiTensor, src: NkiTensor | list[NkiTen
     kinds = {t._ind.kind for t in (dst, *srcs) if t._ind is not None}
     indirect = "vector" if "vector" in kinds else ("scalar" if kinds else "")
     rec.dma(site, opcode, (s0.buffer.name, _label(s0)), (dst.buffer.name, _label(dst)), queue, dge, nbytes,
-            partitions, desc, indirect)
+            partitions, desc, indirect, read_bytes=read_bytes, write_bytes=write_bytes)
     rec.instr(site, opcode, "dma", partitions, elements // max(partitions, 1), dst.dtype.name, name_arg(name),
               tuple(I.inputs.items()))
 
@@ -197,8 +201,10 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
             raise I.fail("indirect DMA transpose needs a 2-byte HBM src with last dim <= 128", "dge-mode")
         _check_transpose_indices(I, s)
     else:
-        if mode not in (E.dge_mode.hwdge, E.dge_mode.unknown):
-            raise I.fail(f"direct DMA transpose supports dge_mode unknown or hwdge, got {mode}", "dge-mode")
+        # the docstring lists unknown and hwdge; nki-library's hardware-tested mlp_tkg gate/up bias load issues a
+        # direct transpose with dge_mode=3 (none: descriptors prebuilt by the runtime), so none is accepted too
+        if mode not in (E.dge_mode.hwdge, E.dge_mode.unknown, E.dge_mode.none):
+            raise I.fail(f"direct DMA transpose supports dge_mode unknown, hwdge (or none), got {mode}", "dge-mode")
         if oob is E.oob_mode.skip:
             raise I.fail("oob_mode.skip is only valid when src uses indirect indexing", "dge-mode")
         if mode is E.dge_mode.hwdge and (s.shape[0] != 16 or s.shape[-1] % 128 or s.dtype.itemsize != 2):

@@ -1,5 +1,5 @@
-"""Less common data-movement and statistics instructions: nc_stream_shuffle, nc_n_gather, bn_stats, bn_aggr,
-tensor_tensor_scan."""
+"""Less common data-movement and statistics instructions: nc_stream_shuffle, nc_n_gather, local_gather, bn_stats,
+bn_aggr, tensor_tensor_scan."""
 
 from __future__ import annotations
 
@@ -68,6 +68,64 @@ def nc_n_gather(dst, data, indices, name=None):
             raise I.fail(f"an index is outside [0, {g.free_elems})", "out-of-bounds")
         store(I, dst, np.take_along_axis(np.asarray(raw2(I, data)), idx, axis=1))
     I.record("nc_n_gather", "gpsimd", gd.partitions, gd.free_elems, dst.dtype.name, name_arg(name))
+
+
+_LG_ELEMS_PER_IDX = (1, 2, 4, 8, 16, 32)
+_LG_CORE_PARTITIONS = 16
+_LG_MAX_INDICES = 4096
+
+
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    """Gather within each GpSimd core's 16 partitions (GpSimd, SBUF only).
+
+    The 2.29 docstring and its NumPy reference (``test_nki_isa_local_gather.py``): for each 16-partition slice (one
+    GpSimd core), ``indices_1d = index[slice].flatten(order='F')[:num_valid_indices]`` (partition dimension first),
+    and every partition of the slice gathers ``num_elem_per_idx`` contiguous elements of its own row at each index
+    (the index is the element offset within the partition: the reference passes ``index * num_elem_per_idx``).
+    Constraints: uint16 indices, ``src_buffer.shape[0] == index.shape[0]`` and a multiple of 16, ``num_elem_per_idx``
+    in {1, 2, 4, 8, 16, 32}, at most 4096 indices per core, no dtype cast.  Out-of-bound indices are "undefined"
+    (rule ``undefined``, data runs)."""
+    I = Instr("nisa.local_gather")
+    gd = I.onchip(dst, "dst", allowed=(SBUF,))
+    g = I.onchip(src_buffer, "src_buffer", allowed=(SBUF,))
+    gi = I.onchip(index, "index", allowed=(SBUF,))
+    if index.dtype is not dt.uint16:
+        raise I.fail(f"index must be uint16, got {index.dtype.name}", "dtype")
+    if dst.dtype is not src_buffer.dtype:
+        raise I.fail(f"dst dtype ({dst.dtype.name}) must equal src_buffer dtype ({src_buffer.dtype.name}): "
+                     f"local_gather does not cast", "dtype")
+    if g.partitions != gi.partitions or g.partitions % _LG_CORE_PARTITIONS:
+        raise I.fail(f"src_buffer ({g.partitions} partitions) and index ({gi.partitions}) must have the same partition "
+                     f"count, a multiple of {_LG_CORE_PARTITIONS}", "shape")
+    I.same_partitions([("src_buffer", g), ("dst", gd)])
+    if num_elem_per_idx not in _LG_ELEMS_PER_IDX:
+        raise I.fail(f"num_elem_per_idx must be one of {_LG_ELEMS_PER_IDX}, got {num_elem_per_idx!r}", "shape")
+    cores = g.partitions // _LG_CORE_PARTITIONS
+    per_core = (gi.partitions * gi.free_elems) // cores
+    valid = per_core if num_valid_indices is None else int(num_valid_indices)
+    if not 0 < valid <= per_core:
+        raise I.fail(f"num_valid_indices={num_valid_indices!r} must be in [1, {per_core}] (the indices of one "
+                     f"16-partition slice of index)", "shape")
+    if valid > _LG_MAX_INDICES:
+        raise I.fail(f"{valid} indices per GpSimd core exceed {_LG_MAX_INDICES}", "shape")
+    if gd.free_elems != valid * num_elem_per_idx:
+        raise I.fail(f"dst has {gd.free_elems} elements per partition; num_valid_indices x num_elem_per_idx = "
+                     f"{valid * num_elem_per_idx}", "shape")
+    if I.data:
+        src = np.asarray(raw2(I, src_buffer))
+        idx = np.asarray(raw2(I, index)).astype(np.int64)
+        out = np.empty((g.partitions, valid, num_elem_per_idx), dtype=src.dtype)
+        span = np.arange(num_elem_per_idx)
+        for c in range(cores):
+            rows = slice(c * _LG_CORE_PARTITIONS, (c + 1) * _LG_CORE_PARTITIONS)
+            ids = idx[rows].flatten(order="F")[:valid]
+            cols = ids[:, None] + span[None, :]
+            if (cols < 0).any() or (cols >= g.free_elems).any():
+                raise I.fail(f"an index of GpSimd core {c} reads outside the {g.free_elems} elements of a partition "
+                             f"(undefined on hardware)", "undefined")
+            out[rows] = src[rows][:, cols]
+        store(I, dst, out.reshape(g.partitions, -1))
+    I.record("local_gather", "gpsimd", gd.partitions, gd.free_elems, dst.dtype.name, name_arg(name))
 
 
 def bn_stats(dst, data, name=None):

@@ -129,6 +129,7 @@ def register_load(dst, src):
         vals = access.index_values(I.ctx, t, "register", 1, 0, "", I.where)
         dst.value = int(vals[0])
     dst.source = t._st.label
+    _touch_register(I, dst, write=True)
     I.record("register_load", "gpsimd", 1, 1, t.dtype.name, None)
 
 
@@ -144,7 +145,15 @@ def register_store(dst, src):
         raise I.fail(f"register {src.name} is stored before it was written", "register")
     if I.data:
         store(I, t, np.array([src.value], dtype=np.int64 if t.dtype.is_int else np.float32))
+    _touch_register(I, src, write=False)
     I.record("register_store", "gpsimd", 1, 1, t.dtype.name, None)
+
+
+def _touch_register(I: Instr, reg: VirtualRegister, write: bool) -> None:
+    """Registers are dependencies too (a DMA with a register ``scalar_offset`` waits for the load)."""
+    tr = I.ctx.rec.tracer
+    if tr is not None:
+        tr.touch(f"r{reg.id}", write)
 
 
 def get_nc_version():

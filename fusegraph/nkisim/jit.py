@@ -26,18 +26,30 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<nki.jit kernel {getattr(self.func, '__qualname__', self.func)}>"
 
-    def _check_not_nested(self) -> None:
-        if maybe_current() is not None:
-            ctx = maybe_current()
+    def _inline(self, args: tuple, kwargs: dict, lnc: int | None = None) -> tuple[bool, Any]:
+        """Inside a running kernel a call of another ``@nki.jit`` kernel is inlined, like any function call.
+
+        The compiler inlines every call at specialization time (language guide, "Compilation Model"), and
+        nki-library's hardware-tested ``attention_block_tkg`` (itself ``@nki.jit``) calls the ``@nki.jit`` kernels
+        ``qkv`` and ``output_projection_tkg``; so the body runs in the caller's programs.  A launch with a grid
+        different from the running kernel's LNC cannot be inlined (rule ``nested-jit``)."""
+        ctx = maybe_current()
+        if ctx is None:
+            return False, None
+        if lnc is not None and lnc != ctx.run.lnc:
             raise NkiValidationError(
-                f"@nki.jit kernel {self.func.__name__} called from inside a running kernel; only the top-level "
-                f"kernel may be decorated (sub-kernels are plain functions that get inlined)",
+                f"@nki.jit kernel {self.func.__name__}[{lnc}] launched from inside a running LNC={ctx.run.lnc} kernel; "
+                f"a nested kernel call is inlined into the running programs and cannot change the launch grid",
                 rule="nested-jit",
-                location=ctx.where() if ctx else None,
+                location=ctx.where(),
             )
+        log.debug("@nki.jit kernel %s called from a running kernel: inlined", self.func.__name__)
+        return True, self.func(*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self._check_not_nested()
+        nested, out = self._inline(args, kwargs)
+        if nested:
+            return out
         from .context import session_lnc
         from .runner import launch
 
@@ -59,7 +71,9 @@ class Launcher:
         return f"{self.kernel!r}[{self.lnc}]"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.kernel._check_not_nested()
+        nested, out = self.kernel._inline(args, kwargs, self.lnc)
+        if nested:
+            return out
         from .runner import launch
 
         return launch(self.kernel, args, kwargs, lnc=self.lnc, grid_ndim=1)

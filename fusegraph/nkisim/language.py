@@ -30,8 +30,7 @@ hbm = MemoryRegion.private_hbm
 shared_hbm = MemoryRegion.shared_hbm
 
 
-class NKIObject:
-    """Base class for NKI kernel dataclasses and configuration objects."""
+from .nkiobject import NKIObject  # noqa: E402 - re-exported as nl.NKIObject (the compiler's class semantics)
 
 
 class _TileSizeMeta(type):

@@ -49,20 +49,75 @@ def nki_modules() -> dict[str, types.ModuleType]:
     return mods
 
 
+#: the pre-0.2 ("Beta 1") namespace: SDK 2.27+ still ships it ("The Beta 1 APIs can be used via the
+#: ``neuronxcc.nki.*`` namespace", nki-beta2-migration-guide.rst) and nki-library's router_topk annotates its
+#: outputs with ``neuronxcc.nki.typing.mutable_tensor``.  Only ``typing`` (annotations) is provided; the Beta 1
+#: language itself (``neuronxcc.nki.language``/``isa``, nl.load, masks, ...) is a different API and is not.
+LEGACY_MODULE_NAMES = ("neuronxcc", "neuronxcc.nki", "neuronxcc.nki.typing")
+
+
+def _legacy_getattr(module: str):
+    def __getattr__(name: str) -> Any:
+        raise AttributeError(
+            f"{module}.{name}: fusegraph's interpreter provides only neuronxcc.nki.typing of the legacy Beta 1 "
+            f"namespace (annotations); port the kernel to `import nki` (NKI 0.3)"
+        )
+
+    return __getattr__
+
+
+@functools.lru_cache(maxsize=None)
+def legacy_modules() -> dict[str, types.ModuleType]:
+    """``neuronxcc``, ``neuronxcc.nki`` and ``neuronxcc.nki.typing`` (``tensor``/``mutable_tensor`` annotations)."""
+    from .api import namespaces
+
+    typing_ns = namespaces()["nki.typing"]
+    mods: dict[str, types.ModuleType] = {}
+    for name in LEGACY_MODULE_NAMES:
+        m = types.ModuleType(name, f"fusegraph's stand-in for the legacy {name} namespace (typing only)")
+        setattr(m, _MARK, True)
+        if name != "neuronxcc.nki.typing":
+            m.__path__ = []
+            m.__getattr__ = _legacy_getattr(name)  # type: ignore[attr-defined]
+        mods[name] = m
+    t = mods["neuronxcc.nki.typing"]
+    t.tensor = typing_ns["tensor"]
+    t.mutable_tensor = typing_ns["tensor"]  # an annotation of an output tensor; not enforced either
+    mods["neuronxcc"].__dict__["nki"] = mods["neuronxcc.nki"]
+    mods["neuronxcc.nki"].__dict__["typing"] = t
+    return mods
+
+
+def _legacy_to_install() -> dict[str, types.ModuleType]:
+    """The legacy modules, unless a real ``neuronxcc`` (the Neuron SDK) is importable: then the SDK's own is used."""
+    if "neuronxcc" in sys.modules and not is_interpreter_module(sys.modules["neuronxcc"]):
+        return {}
+    try:
+        import importlib.util
+
+        if "neuronxcc" not in sys.modules and importlib.util.find_spec("neuronxcc") is not None:
+            return {}
+    except (ImportError, ValueError):
+        pass
+    return legacy_modules()
+
+
 def is_interpreter_module(m: Any) -> bool:
     return isinstance(m, types.ModuleType) and getattr(m, _MARK, False)
 
 
 @contextlib.contextmanager
 def as_nki(target: str | None = None) -> Iterator[types.ModuleType]:
-    """Make ``import nki`` (and ``nki.language``/``nki.isa``/``nki.collectives``/``nki.typing``) resolve to the
-    interpreter inside the block; ``target`` applies to kernels launched inside (None: like ``nki.simulate``,
-    ``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn3).
+    """Make ``import nki`` (and ``nki.language``/``nki.isa``/``nki.collectives``/``nki.typing``, plus the legacy
+    ``neuronxcc.nki.typing`` where no Neuron SDK is installed) resolve to the interpreter inside the block;
+    ``target`` applies to kernels launched inside (None: like ``nki.simulate``, ``NEURON_PLATFORM_TARGET_OVERRIDE``,
+    else trn3).
 
     Yields the interpreter's ``nki`` module."""
     tgt = get_target(target) if target is not None else None
-    mods = nki_modules()
-    saved = {name: sys.modules.get(name) for name in MODULE_NAMES}
+    mods = dict(nki_modules())
+    mods.update(_legacy_to_install())
+    saved = {name: sys.modules.get(name) for name in mods}
     prev_target = set_session_target(tgt)
     sys.modules.update(mods)
     try:
@@ -77,7 +132,15 @@ def as_nki(target: str | None = None) -> Iterator[types.ModuleType]:
                 sys.modules[name] = old
 
 
-def _hooked_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+def kernel_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+    """The ``__import__`` of kernel namespaces: ``nki*`` resolve to the interpreter, the rest as usual (public: the
+    LLM worker wraps it in its own allow-list)."""
+    if level == 0 and (name == "neuronxcc" or name.startswith("neuronxcc.")) and _legacy_to_install():
+        mods = legacy_modules()
+        if name not in mods:
+            raise ModuleNotFoundError(f"No module named {name!r} in fusegraph's NKI interpreter (only "
+                                      f"neuronxcc.nki.typing of the legacy namespace)", name=name)
+        return mods[name] if fromlist else mods["neuronxcc"]
     if level == 0 and (name == "nki" or name.startswith("nki.")):
         mods = nki_modules()
         if name not in mods:
@@ -104,9 +167,9 @@ def load_kernel_source(source: str, filename: str, target: str | None = None) ->
     tgt = get_target(target) if target is not None else None
     register_source(source, filename)
     bi = dict(builtins.__dict__)
-    bi["__import__"] = _hooked_import
+    bi["__import__"] = kernel_import
     ns: dict[str, Any] = {"__name__": "__nki_kernel__", "__file__": filename, "__builtins__": bi}
-    code = compile(source, filename, "exec")
+    code = compile(source, filename, "exec", dont_inherit=True)  # not this module's `from __future__` flags
     exec(code, ns)
     for v in list(ns.values()):
         if isinstance(v, Kernel) and getattr(v.func, "__globals__", None) is ns:

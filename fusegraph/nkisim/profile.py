@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 
@@ -56,11 +56,15 @@ class DmaStats:
     dge_mode: str
     indirect: str = ""  # "scalar" / "vector": a runtime scalar_offset / vector_offset was used (DGE); "" if not
     count: int = 0
+    #: bytes the DMA moves: the mean of the bytes it reads and writes (= the size for a same-dtype copy; a bf16 ->
+    #: fp32 load of N elements reads 2N, writes 4N and counts 3N)
     bytes: int = 0
     descriptors: int = 0
     partitions: int = 0
     bytes_per_partition: int = 0
     max_bytes: int = 0
+    read_bytes: int = 0  # bytes read from the source(s)
+    write_bytes: int = 0  # bytes written to the destination
 
 
 @dataclass
@@ -101,6 +105,8 @@ class Profile:
     instructions: int = 0
     dma_count: int = 0
     dma_bytes: int = 0
+    dma_read_bytes: int = 0
+    dma_write_bytes: int = 0
     dma_descriptors: int = 0
     hbm_read_bytes: int = 0
     hbm_write_bytes: int = 0
@@ -113,6 +119,9 @@ class Profile:
     dmas: list[DmaStats] = field(default_factory=list)
     records: list[InstructionRecord] = field(default_factory=list)
     records_dropped: int = 0
+    #: ``run(trace=True)``: ``{(rank, program): [TraceEvent, ...]}`` (see :mod:`fusegraph.nkisim.trace`); a class
+    #: default, set per instance, so it stays out of the dataclass fields and of ``to_dict()``
+    trace: ClassVar[dict[tuple[int, int], list] | None] = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,6 +136,8 @@ class Profile:
             "instructions": self.instructions,
             "dma_count": self.dma_count,
             "dma_bytes": self.dma_bytes,
+            "dma_read_bytes": self.dma_read_bytes,
+            "dma_write_bytes": self.dma_write_bytes,
             "dma_descriptors": self.dma_descriptors,
             "hbm_read_bytes": self.hbm_read_bytes,
             "hbm_write_bytes": self.hbm_write_bytes,
@@ -170,10 +181,13 @@ class Recorder:
         "hbm",
         "dma_count",
         "dma_bytes",
+        "dma_read",
+        "dma_write",
         "dma_desc",
+        "tracer",
     )
 
-    def __init__(self, program: int = 0, rank: int = 0, max_records: int = DEFAULT_MAX_RECORDS):
+    def __init__(self, program: int = 0, rank: int = 0, max_records: int = DEFAULT_MAX_RECORDS, tracer: Any = None):
         self.program = program
         self.rank = rank
         self.engines: dict[str, list[int]] = {e: [0, 0] for e in ENGINES}
@@ -186,7 +200,10 @@ class Recorder:
         self.hbm: dict[str, list] = {}  # label -> [kind, read, write]
         self.dma_count = 0
         self.dma_bytes = 0
+        self.dma_read = 0
+        self.dma_write = 0
         self.dma_desc = 0
+        self.tracer = tracer  # a fusegraph.nkisim.trace.Tracer when the run traces every instruction
 
     def instr(
         self,
@@ -230,6 +247,8 @@ class Recorder:
             )
         else:
             self.dropped += 1
+        if self.tracer is not None:
+            self.tracer.event(idx, site, opcode, engine, partitions, free, dtype, name, inputs)
 
     def dma(
         self,
@@ -243,20 +262,36 @@ class Recorder:
         partitions: int,
         descriptors: int,
         indirect: str = "",
+        read_bytes: int | None = None,
+        write_bytes: int | None = None,
     ) -> None:
+        """Count one DMA; ``nbytes`` is what it moves (see :attr:`DmaStats.bytes`), ``read_bytes``/``write_bytes``
+        (default ``nbytes``) what it reads from its source(s) and writes to its destination."""
+        rd = nbytes if read_bytes is None else read_bytes
+        wr = nbytes if write_bytes is None else write_bytes
         self.dma_count += 1
         self.dma_bytes += nbytes
+        self.dma_read += rd
+        self.dma_write += wr
         self.dma_desc += descriptors
         key = (site[0], site[1], opcode, src[0], dst[0], src[1], dst[1], queue, dge, indirect)
         d = self.dmas.get(key)
         if d is None:
-            d = self.dmas[key] = [0, 0, 0, 0, 0, 0]
+            d = self.dmas[key] = [0, 0, 0, 0, 0, 0, 0, 0]
         d[0] += 1
         d[1] += nbytes
         d[2] += descriptors
         d[3] = max(d[3], partitions)
         d[4] = max(d[4], nbytes // max(partitions, 1))
         d[5] = max(d[5], nbytes)
+        d[6] += rd
+        d[7] += wr
+        if self.tracer is not None:
+            self.tracer.pending_dma = {
+                "bytes": nbytes, "read_bytes": rd, "write_bytes": wr, "partitions": partitions,
+                "descriptors": descriptors, "queue": queue, "dge_mode": dge, "indirect": indirect,
+                "src_buffer": src[0], "dst_buffer": dst[0], "src_tensor": src[1], "dst_tensor": dst[1],
+            }
 
     def hbm_traffic(self, label: str, kind: str, read: int = 0, write: int = 0) -> None:
         t = self.hbm.get(label)
@@ -315,6 +350,8 @@ def merge(recorders: list[Recorder], profile: Profile) -> Profile:
         profile.instructions += r.count
         profile.dma_count += r.dma_count
         profile.dma_bytes += r.dma_bytes
+        profile.dma_read_bytes += r.dma_read
+        profile.dma_write_bytes += r.dma_write
         profile.dma_descriptors += r.dma_desc
         for (file, line, opcode, engine), (cnt, el, mp, mf, dts, nms, ins) in r.sites.items():
             key = (file, line, opcode, engine)
@@ -333,7 +370,7 @@ def merge(recorders: list[Recorder], profile: Profile) -> Profile:
                     for arg, dtype in pairs:
                         by_arg.setdefault(arg, set()).add(dtype)
                 s.input_dtypes = {a: sorted(v) for a, v in sorted(by_arg.items())}
-        for key, (cnt, nb, desc, parts, bpp, mx) in r.dmas.items():
+        for key, (cnt, nb, desc, parts, bpp, mx, rd, wr) in r.dmas.items():
             d = dmas.get(key)
             if d is None:
                 file, line, opcode, sb, db, sl, dl, q, dge, ind = key
@@ -344,6 +381,8 @@ def merge(recorders: list[Recorder], profile: Profile) -> Profile:
             d.partitions = max(d.partitions, parts)
             d.bytes_per_partition = max(d.bytes_per_partition, bpp)
             d.max_bytes = max(d.max_bytes, mx)
+            d.read_bytes += rd
+            d.write_bytes += wr
         for label, (kind, rd, wr) in r.hbm.items():
             t = profile.hbm_by_tensor.get(label)
             if t is None:
@@ -358,4 +397,7 @@ def merge(recorders: list[Recorder], profile: Profile) -> Profile:
     profile.dmas = sorted(dmas.values(), key=lambda d: (d.file, d.line, d.opcode))
     records.sort(key=lambda rec: (rec.rank, rec.program, rec.index))
     profile.records = records
+    traces = {(r.rank, r.program): r.tracer.events for r in recorders if r.tracer is not None}
+    if traces:
+        profile.trace = traces
     return profile

@@ -183,6 +183,8 @@ def run(
     sbuf_budget: int | None = None,
     backend: str | None = None,
     max_records: int = prof.DEFAULT_MAX_RECORDS,
+    trace: bool = False,
+    trace_layer: str | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run an NKI kernel (``@nki.jit`` object or plain function) in the interpreter.
@@ -194,7 +196,10 @@ def run(
     simulate N ranks for ``nki.collectives`` (each rank gets a copy of the array args unless ``rank_args`` lists
     per-rank argument tuples); returns a list of per-rank outputs.
     ``sbuf_budget``: usable SBUF bytes per partition.  ``backend="official"``: run through the real
-    ``nki.simulate`` (only where the Neuron SDK is installed).  Remaining keyword args go to the kernel.
+    ``nki.simulate`` (only where the Neuron SDK is installed).  ``trace``: also record every instruction in program
+    order with the tensors it read and wrote (``last_profile().trace``); ``trace_layer="function:variable"`` tags
+    each event with that local of the kernel's call stack (a layer loop index).  Remaining keyword args go to the
+    kernel.
 
     Returns the kernel's outputs as NumPy arrays (a tuple if the kernel returns a tuple); input arrays written
     by the kernel are updated in place.  :func:`fusegraph.nkisim.last_profile` gives the profile.
@@ -211,6 +216,7 @@ def run(
     return launch(
         kernel, args, kwargs, lnc=lnc, grid_ndim=grid_ndim, target=target, shape_only=shape_only, assume=assume,
         ranks=ranks, rank_args=rank_args, sbuf_budget=sbuf_budget, backend=backend, max_records=max_records,
+        trace=trace, trace_layer=trace_layer,
     )
 
 
@@ -229,6 +235,8 @@ def launch(
     sbuf_budget: int | None = None,
     backend: str | None = None,
     max_records: int = prof.DEFAULT_MAX_RECORDS,
+    trace: bool = False,
+    trace_layer: str | None = None,
 ) -> Any:
     func = kernel.func
     if _resolve_backend(backend) == "official":
@@ -247,7 +255,7 @@ def launch(
     run_state = RunState(
         target=tgt, lnc=lnc, ranks=ranks, shape_only=shape_only, assume=assume,
         kernel_name=getattr(func, "__qualname__", str(func)), kernel_file=kernel_file, sbuf_budget=budget,
-        max_records=max_records, grid_ndim=grid_ndim,
+        max_records=max_records, grid_ndim=grid_ndim, trace=trace, trace_layer=trace_layer,
     )
     run_state.sync = SyncHub(ranks, lnc)
     arg_buffer = MemoryRegion.shared_hbm if lnc > 1 else MemoryRegion.private_hbm

@@ -10,8 +10,9 @@ Semantics of NKI 0.3 views (all share storage with their base):
 * ``.view(dtype)``: bit reinterpretation; the last dim scales with the itemsize ratio.
 * ``.ap(pattern=[[stride, count], ...], offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0,
   dtype=None)``: a raw access pattern relative to this tensor's first element, strides in elements of the
-  tensor's row-major layout (for on-chip tensors the first pair is the partition dim, stride = elements per
-  partition).  Runtime indirection: ``scalar_offset`` (a 1x1 SBUF tensor or a VirtualRegister) adds
+  tensor's row-major layout; for on-chip tensors the first pair is the partition dim and a step equal to this
+  view's or the allocation's free size means the next partition (see :meth:`NkiTensor._partition_step`).
+  Runtime indirection: ``scalar_offset`` (a 1x1 SBUF tensor or a VirtualRegister) adds
   ``value * prod(self.shape[indirect_dim+1:])`` elements; ``vector_offset`` (an SBUF ``[P, 1]`` tensor)
   replaces the first pattern dim: row ``p`` starts at ``offset + idx[p] * prod(self.shape[indirect_dim+1:])``.
 """
@@ -167,10 +168,14 @@ class NkiTensor:
         raise TypeError("NkiTensor is not iterable; index it with slices or nl.ds")
 
     def __bool__(self) -> bool:
-        raise TypeError(
-            "the truth value of an NkiTensor is not known at trace time (tensors hold device data; "
-            "use == / != on shapes or dtypes, not on tensors)"
-        )
+        """A tensor in a condition is a compile-time value: a reference to device memory, which is present.
+
+        The NKI language guide: "At compile-time we do not yet know the precise location nor the precise contents of
+        this tensor ... we can only query meta-data"; ``if`` statements are "resolved at specialization time".  So
+        ``if t:`` / ``t and ...`` test that a tensor was passed (nki-library's ``mlp_tkg_constants.py`` writes
+        ``if params.expert_params and params.expert_params.expert_index:``, compiled and run on hardware); the
+        tensor's *contents* never reach Python (NkiTensor has no comparison operators)."""
+        return True
 
     def __getattr__(self, name: str) -> Any:
         if name in _FROM_05:
@@ -390,6 +395,8 @@ class NkiTensor:
             )
         shape = tuple(c for _, c in pairs)
         strides = tuple(s for s, _ in pairs)
+        if self.on_chip:
+            strides = (self._partition_step(strides[0], d),) + strides[1:]
         ind = None
         if scalar_offset is not None and vector_offset is not None:
             raise _err("scalar_offset and vector_offset are mutually exclusive", "ap")
@@ -434,6 +441,26 @@ class NkiTensor:
         t = NkiTensor(self._st, shape, strides, self._offset * self.dtype.itemsize // d.itemsize + off, d, ind)
         t._ap = True
         return t
+
+
+    def _partition_step(self, step: int, d: dt.DType) -> int:
+        """The storage stride of the partition entry of an on-chip ``.ap()`` pattern.
+
+        Hardware access patterns address whole partitions: the partition dim is a start partition and a count, and
+        "the step of the leading dimension must be the element count of the entire free dimension of the tensor"
+        (access-pattern guide), i.e. one step = the next partition.  The tensor ``.ap()`` is called on may be a
+        slice (the hand-written Qwen3 megakernel calls ``col.ap([[1, PMAX], [0, n]])`` on a ``[PMAX, 1]`` column of
+        a wider tile): its own free size is then the unit.  So a step equal to this view's free size or to the
+        allocation's free size is the next partition (the allocation's partition stride); any other step is kept
+        as a literal element stride, which the instruction using the view rejects (rule ``partition-stride``:
+        partitions cannot be skipped or repeated)."""
+        view_free = 1
+        for n in self.shape[1:]:
+            view_free *= n
+        alloc_free = self._st.free_bytes // d.itemsize if d.itemsize else 0
+        if step in (view_free, alloc_free):
+            return alloc_free
+        return step
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -288,7 +288,8 @@ def test_gpsimd_cannot_access_psum():
 @pytest.mark.parametrize(
     "call,match",
     [
-        ("nisa.dma_copy(dst=t, src=x, dge_mode=2)", "dge_mode must be a dge_mode enum member"),
+        ("nisa.dma_copy(dst=t, src=x, oob_mode=0)", "oob_mode must be a oob_mode enum member"),
+        ("nisa.dma_copy(dst=t, src=x, dge_mode='hwdge')", "dge_mode must be a dge_mode enum member"),
         ("nisa.tensor_tensor(dst=t, data1=t, data2=t, op='add')", "raw ints/strings are rejected"),
         ("nisa.activation(dst=t, op=nl.exp, data=t, reduce_cmd=0)", "reduce_cmd must be a reduce_cmd enum"),
     ],
@@ -559,7 +560,8 @@ def test_tensor_scalar_operand_tensor_must_be_fp32():
     """, X, match="operand0 must be float32")
 
 
-def test_nested_jit_is_rejected():
+def test_nested_launch_with_another_grid_is_rejected():
+    """A nested @nki.jit call is inlined (tests/nkisim/test_anchor_features.py); a different grid cannot be."""
     k, loc = build("""
     @nki.jit
     def inner(x):
@@ -567,7 +569,7 @@ def test_nested_jit_is_rejected():
 
     @nki.jit
     def k(x):
-        inner(x)  # <-
+        inner[2](x)  # <-
         return x
     """)
     with pytest.raises(NkiValidationError) as ei:
@@ -580,10 +582,11 @@ def test_unimplemented_official_function():
     @nki.jit
     def k(x):
         t = nl.zeros((128, 64), dtype=nl.float32)
-        nisa.local_gather(dst=t, src_buffer=t, index=t)  # <-
+        nisa.nonzero_with_count(dst=t, src=t)  # <-
         return x
     """)
-    with pytest.raises(NotImplementedError, match="nki.isa.local_gather is not implemented by fusegraph's interpreter"):
+    with pytest.raises(NotImplementedError,
+                       match="nki.isa.nonzero_with_count is not implemented by fusegraph's interpreter"):
         nkisim.run(k, X)
 
 
@@ -626,7 +629,7 @@ def test_lenient_enums_env_accepts_raw_values(monkeypatch):
     def k(x):
         out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
         t = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=x, dge_mode=3)  # <-
+        nisa.dma_copy(dst=t, src=x, oob_mode=0)  # <-
         nisa.dma_copy(dst=out, src=t)
         return out
     """

@@ -46,7 +46,7 @@ def _minimum_bytes(program, top_k: int, num_experts: int) -> tuple[int, int]:
 def measure(model: str, targets: str, seq: str) -> dict:
     import torch
 
-    from fusegraph.codegen.build import build_for_target, capture_decode
+    from fusegraph.api import build_for_target, capture_decode
 
     torch.set_num_threads(2)
     step = capture_decode(model, case_kwargs={"max_cache_len": int(seq)})

@@ -3,7 +3,7 @@
     python benchmarks/bench_perf.py [--models qwen3-30b-a3b,llama3-8b] [--targets trn2,trn3] [--layers N]
                                     [--out bench-results/perf.json] [--html-dir bench-results]
 
-For every model and target: capture, match and generate the megakernel (fusegraph.codegen.build), profile it in
+For every model and target: capture, match and generate the megakernel (fusegraph.api), profile it in
 the interpreter's shape-only mode, and turn the profile into time with the cost model (fusegraph.perf, every
 parameter sourced in fusegraph/perf/data/trainium.json). Prints the whole-model table (one core) and, for
 Qwen3-30B-A3B on trn3, the like-for-like table (one core's shard of the published TP=4 x LNC=2 runs) with the
@@ -19,7 +19,7 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fusegraph.perf import bench
+    from fusegraph.modelperf import bench
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(bench.DEFAULT_MODELS))

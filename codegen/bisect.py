@@ -113,39 +113,3 @@ def first_divergence(program: ir.KernelProgram, kernel_args: dict[str, torch.Ten
         else:
             lo = mid + 1
     return found
-
-
-def bisect_graph(program: Any, graph_index: int = 0, **kw: Any) -> list[Divergence]:
-    """Bisect every kernel of a graph compiled by the NKI executor, on the inputs of its latest call.
-
-    Re-runs the graph eagerly (on clones of its state) to get every node's eager value, then bisects each
-    kernel. Returns one :class:`Divergence` per kernel that diverges (empty when all agree).
-    """
-    from fusegraph.executors.eager import build_plan, run_plan
-    from fusegraph.executors.nki import marshal_input
-
-    stats = program.execution.get(graph_index)
-    run = getattr(stats, "run", None)
-    if run is None or run.last_args is None:
-        raise ValueError("graph was not run by the NKI executor yet (call the compiled step once first)")
-    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in run.last_args]
-    env = dict(zip(run.input_ids, args))
-    run_plan(build_plan(program, program.topo_order(graph_index)), env)
-    G = program.graph
-    found = []
-    for plan in run.plans:
-        # eager values for everything the kernel reads, but the state as it was before the step
-        kargs_env = dict(env)
-        kargs_env.update(zip(run.input_ids, [a.clone() if isinstance(a, torch.Tensor) else a for a in run.last_args]))
-        kernel_args = run._kernel_args(plan, kargs_env)
-        ref_env = {name: (marshal_input(src, plan.generated.specs[name].dtype, kargs_env[src.node])
-                          if src.kind == "input" else src.value(kargs_env[src.node]))
-                   for name, src in plan.lowered.args.items()}
-        d = first_divergence(plan.lowered.program, kernel_args, lambda n: env[n],
-                             lambda nodes: sorted({G.nodes[n].get("op", "?") for n in nodes}),
-                             tolerance=kw.pop("tolerance", 1e-4), target=run.settings.target,
-                             reference_env=ref_env, layouts=plan.generated.layouts,
-                             chunk_bytes=run.settings.weight_chunk_kib * 1024, ring=run.settings.weight_buffers, **kw)
-        if d is not None:
-            found.append(d)
-    return found

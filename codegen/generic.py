@@ -1,9 +1,11 @@
-"""Generic lowering: unmatched elementwise chains and feature-axis reductions become NKI without a pattern.
+"""Generic lowering: elementwise chains and feature-axis reductions become NKI without a pattern of their own.
 
 A decoder variant fusegraph has no pattern for (a custom activation, a norm written another way) would
-otherwise split the megakernel. This module decides which ATen ops it can lower, groups connected unmatched
-ops into pieces, and lowers a piece to one :class:`~.ir.Elementwise` instruction evaluated on the same SBUF
-layout as the activations around it (``[P, FT, T]``), so the piece joins the surrounding region.
+otherwise split the megakernel; a plugin pattern whose template has no lowering would not reach it at all. Which
+ATen ops qualify, and how unmatched ops group into pieces, is matching's classification
+(:mod:`fusegraph.matching.generic_ops`, re-exported here); this module translates a piece's ops into the op list
+of one :class:`~.ops.generic.Elementwise` instruction evaluated on the same SBUF layout as the activations around
+it (``[P, FT, T]``), so the piece joins the surrounding region.
 
 Layout choice (the "which dimension on partitions" question): features go on partitions, tokens on the free
 axis — the layout every other template uses, so no data moves; a reduction over the feature axis is a
@@ -17,109 +19,18 @@ scalar as a ``[P, T]`` tile that broadcasts over features for free. Values are c
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
 import torch
 
+from fusegraph.matching.activations import for_aten
+from fusegraph.matching.generic_ops import (BINARY, LAYER_NORM, MATMULS, SUPPORTED, UNARY, VIEWS, GenericPiece,
+                                            find_pieces, matmul_operands, piece_of, pow_exponent, supports,
+                                            unsupported_reason, value_class, weight_of)
+
 from .errors import CodegenError
-
-#: ATen unary ops the Scalar engine evaluates as an activation function (nl.<name>)
-UNARY_ACT = {
-    "aten.exp.default": "exp", "aten.log.default": "log", "aten.tanh.default": "tanh",
-    "aten.sigmoid.default": "sigmoid", "aten.silu.default": "silu", "aten.relu.default": "relu",
-    "aten.sqrt.default": "sqrt", "aten.rsqrt.default": "rsqrt", "aten.abs.default": "abs", "aten.erf.default": "erf",
-}
-#: ATen binary ops on the Vector engine's ALU (nl.<name>); division becomes multiply-by-reciprocal
-BINARY = {
-    "aten.add.Tensor": "add", "aten.sub.Tensor": "subtract", "aten.mul.Tensor": "multiply",
-    "aten.div.Tensor": "divide", "aten.maximum.default": "maximum", "aten.minimum.default": "minimum",
-}
-OTHER = {"aten.neg.default", "aten.reciprocal.default", "aten.gelu.default", "aten.pow.Tensor_Scalar",
-         "aten._to_copy.default", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
-         "aten.mean.dim", "aten.sum.dim_IntList"}
-#: layout-only ops inside a piece (decode: they never move data between tokens and features)
-VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.unsqueeze.default", "aten.squeeze.dim",
-         "aten.alias.default", "aten.clone.default", "aten.expand.default", "aten.reshape.default"}
-
-SUPPORTED = set(UNARY_ACT) | set(BINARY) | OTHER | VIEWS
-
-
-@dataclass
-class GenericPiece:
-    """A connected set of unmatched ops generic lowering can take, with its boundary."""
-
-    nodes: tuple[str, ...]  # in topological order
-    inputs: tuple[str, ...]  # program nodes read from outside the piece
-    outputs: tuple[str, ...]  # nodes of the piece read outside it
-    layer: int | None = None
-    module: str | None = None
-    ops: dict[str, int] = field(default_factory=dict)
-
-
-def _numel(shape: Any) -> int:
-    return math.prod(int(s) for s in shape) if shape else 1
-
-
-def value_class(shape: Any, tokens: int, features: int) -> str | None:
-    """full / token / feature (see the module doc), or None for a shape generic lowering cannot place."""
-    if not shape:
-        return None
-    n = _numel(shape)
-    if n == tokens * features and int(shape[0]) == tokens:
-        return "full"
-    if n == tokens and int(shape[0]) == tokens:
-        return "token"
-    if n == features:
-        return "feature"
-    return None
-
-
-def supports(G: nx.DiGraph, node: str) -> bool:
-    """Can generic lowering compute this op (ignoring shapes, checked when a piece is lowered)?"""
-    d = G.nodes[node]
-    if d.get("kind") != "op" or d.get("writes_state") or d["op"] not in SUPPORTED:
-        return False
-    if d["op"] == "aten.pow.Tensor_Scalar" and _pow_exponent(d) not in (2, 3, 0.5, -0.5, -1, 1):
-        return False
-    if d["op"] in ("aten.mean.dim", "aten.sum.dim_IntList"):
-        dims = d["args"][1] if len(d["args"]) > 1 else None
-        if not isinstance(dims, (list, tuple)) or list(dims) not in ([-1], [len(d["shape"]) - 1 if d["shape"] else -1]):
-            return False
-    if d["op"] == "aten.gelu.default" and d["kwargs"].get("approximate", "none") not in ("none", "tanh"):
-        return False
-    return isinstance(d.get("dtype"), str) and d["dtype"] in ("float32", "bfloat16", "float16")
-
-
-def _pow_exponent(d: dict) -> Any:
-    return d["args"][1] if len(d["args"]) > 1 else None
-
-
-def find_pieces(G: nx.DiGraph, candidates: set[str]) -> list[GenericPiece]:
-    """Group supported candidate ops into weakly connected pieces (a piece never contains a pure view alone)."""
-    ok = {n for n in candidates if supports(G, n)}
-    H = G.subgraph(ok)
-    pieces = []
-    for comp in nx.weakly_connected_components(H):
-        if all(G.nodes[n]["op"] in VIEWS for n in comp):
-            continue
-        nodes = tuple(sorted(comp, key=lambda n: G.nodes[n]["order"]))
-        ins = []
-        for n in nodes:
-            for p in G.predecessors(n):
-                if p not in comp and p not in ins and not G.edges[p, n].get("hazard"):
-                    ins.append(p)
-        outs = tuple(n for n in nodes if any(s not in comp for s in G.successors(n)))
-        layers = {G.nodes[n].get("layer") for n in nodes} - {None}
-        ops: dict[str, int] = {}
-        for n in nodes:
-            ops[G.nodes[n]["op"]] = ops.get(G.nodes[n]["op"], 0) + 1
-        pieces.append(GenericPiece(nodes=nodes, inputs=tuple(ins), outputs=outs,
-                                   layer=min(layers) if layers else None,
-                                   module=G.nodes[nodes[0]].get("module"), ops=ops))
-    return pieces
 
 
 # ---- the instruction's op list -----------------------------------------------------------------------------
@@ -143,15 +54,26 @@ def build_ops(G: nx.DiGraph, piece: GenericPiece, tokens: int, features: int,
     for n in piece.nodes:
         d = G.nodes[n]
         op = d["op"]
-        dt = getattr(torch, d["dtype"])
-        c = value_class(d["shape"], tokens, features)
-        if c is None:
-            raise CodegenError(f"generic lowering: {n} ({op}) has shape {d['shape']}, neither per token nor per feature")
         args = [a.node if hasattr(a, "node") else a for a in d["args"]]
         tensor_args = [a for a in args if isinstance(a, str)]
         for a in tensor_args:
             if a not in cls:
                 raise CodegenError(f"generic lowering: input {a} of {n} is not available")
+        if op == LAYER_NORM:  # several results: placed by the getitem nodes that read them
+            ops += _layer_norm(n, d, tensor_args[0], cls, features)
+            cls[n] = "tuple"
+            continue
+        dt = getattr(torch, d["dtype"])
+        c = value_class(d["shape"], tokens, features)
+        if c is None:
+            raise CodegenError(f"generic lowering: {n} ({op}) has shape {d['shape']}, neither per token nor per feature")
+        if op == "getitem":
+            src, i = tensor_args[0], int(args[1])
+            if c != ("full" if i == 0 else "token"):
+                raise CodegenError(f"generic lowering: result {i} of {src} has shape {d['shape']}")
+            cls[n] = c
+            ops.append(GOp(n, "copy", (f"{src}#{i}",), cls[n], dt))
+            continue
         if op in VIEWS:
             cls[n] = cls[tensor_args[0]]
             ops.append(GOp(n, "copy", (tensor_args[0],), cls[n], dt))
@@ -164,14 +86,14 @@ def build_ops(G: nx.DiGraph, piece: GenericPiece, tokens: int, features: int,
             ops.append(GOp(n, "sum", (tensor_args[0],), "token", dt, scale=scale))
             continue
         srcs: list[Any] = []
-        for a in args[: (1 if op in UNARY_ACT or op in ("aten.neg.default", "aten.reciprocal.default",
-                                                        "aten._to_copy.default", "aten.gelu.default") else 2)]:
+        for a in args[: (1 if op in UNARY or op in ("aten.neg.default", "aten.reciprocal.default",
+                                                    "aten._to_copy.default") else 2)]:
             srcs.append(a if isinstance(a, str) else float(a))
-        if op in UNARY_ACT:
-            ops.append(GOp(n, f"act:{UNARY_ACT[op]}", tuple(srcs), cls[srcs[0]], dt))
-        elif op == "aten.gelu.default":
-            fn = "gelu_apprx_tanh" if d["kwargs"].get("approximate") == "tanh" else "gelu"
-            ops.append(GOp(n, f"act:{fn}", tuple(srcs), cls[srcs[0]], dt))
+        if op in UNARY:
+            fn = for_aten(op, d.get("kwargs"))
+            if fn is None:
+                raise CodegenError(f"generic lowering: {op} with {d.get('kwargs')}")
+            ops.append(GOp(n, f"act:{fn.nki}", tuple(srcs), cls[srcs[0]], dt))
         elif op == "aten.neg.default":
             ops.append(GOp(n, "scalar:multiply", (srcs[0], -1.0), cls[srcs[0]], dt))
         elif op == "aten.reciprocal.default":
@@ -179,7 +101,7 @@ def build_ops(G: nx.DiGraph, piece: GenericPiece, tokens: int, features: int,
         elif op == "aten._to_copy.default":
             ops.append(GOp(n, "cast", (srcs[0],), cls[srcs[0]], dt))
         elif op == "aten.pow.Tensor_Scalar":
-            e = float(_pow_exponent(d))
+            e = float(pow_exponent(d))
             x = srcs[0]
             if e == 2:
                 ops.append(GOp(n, "alu:multiply", (x, x), cls[x], dt))
@@ -238,10 +160,36 @@ def build_ops(G: nx.DiGraph, piece: GenericPiece, tokens: int, features: int,
                         raise CodegenError("generic lowering: broadcast subtract with the full operand second")
                     a, b = b, a
                 ops.append(GOp(n, f"alu:{alu}", (a, b), out_cls, dt))
-        else:  # pragma: no cover - SUPPORTED and this switch agree
+        else:  # pragma: no cover - the classification and this switch agree
             raise CodegenError(f"generic lowering: no rule for {op}")
         cls[n] = ops[-1].cls
     return ops
 
 
-__all__ = ["GenericPiece", "GOp", "SUPPORTED", "build_ops", "find_pieces", "supports", "value_class"]
+def _layer_norm(n: str, d: dict, x: str, cls: dict[str, str], features: int) -> list[GOp]:
+    """``native_layer_norm(x, [F], None, None, eps)`` as torch computes it: in fp32 (``x`` cast up), mean, centered
+    variance, ``rsqrt(var + eps)``, one rounding at the end. Results ``n#0`` (normalized), ``n#1`` (mean) and
+    ``n#2`` (rstd), read by the ``getitem`` nodes that follow."""
+    if cls.get(x) != "full":
+        raise CodegenError(f"generic lowering: LayerNorm of a {cls.get(x)} value")
+    eps = float(d["args"][4]) if len(d["args"]) > 4 else 1e-5
+    f32 = torch.float32
+    out_dt, mean_dt, rstd_dt = (getattr(torch, t) for t in d["dtype"])
+    xf, mean, xc, sq, var, ve, rstd = (f"{n}__{s}" for s in ("xf", "mean", "xc", "sq", "var", "ve", "rstd"))
+    ops = [GOp(xf, "cast", (x,), "full", f32),
+           GOp(mean, "sum", (xf,), "token", f32, scale=1.0 / features),
+           GOp(xc, "alu:subtract", (xf, mean), "full", f32),
+           GOp(sq, "alu:multiply", (xc, xc), "full", f32),
+           GOp(var, "sum", (sq,), "token", f32, scale=1.0 / features),
+           GOp(ve, "scalar:add", (var, eps), "token", f32),
+           GOp(rstd, "act:rsqrt", (ve,), "token", f32),
+           GOp(f"{n}#0", "alu:multiply", (xc, rstd), "full", out_dt),
+           GOp(f"{n}#1", "copy", (mean,), "token", mean_dt),
+           GOp(f"{n}#2", "copy", (rstd,), "token", rstd_dt)]
+    for op in ops:
+        cls[op.dst] = op.cls
+    return ops
+
+
+__all__ = ["BINARY", "GenericPiece", "GOp", "MATMULS", "SUPPORTED", "UNARY", "VIEWS", "build_ops", "find_pieces",
+           "matmul_operands", "piece_of", "supports", "unsupported_reason", "value_class", "weight_of"]

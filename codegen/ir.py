@@ -1,21 +1,42 @@
 """The kernel IR: semantic instructions over named values, the unit codegen emits and the reference VM runs.
 
 A region of the program (a list of pattern matches) is lowered to a :class:`KernelProgram`: instructions in
-execution order, each reading and writing :class:`Value`s. Instructions are dataclasses (HazyResearch
-Megakernels style): each carries what its template needs, the program nodes it implements (for comments,
-attribution and bisection) and its decoder layer.
+execution order, each reading and writing :class:`Value`s. Instructions are dataclasses that hold all of their
+behaviour (HazyResearch Megakernels style): what the template needs, the program nodes they implement (for
+comments, attribution and bisection), their decoder layer, and the hooks the central passes call instead of
+switching on the instruction's type:
 
-Values are per-token feature vectors ``[T, F]`` (T tokens; decode means one position per sequence, so T is the
-batch) unless stated otherwise. On chip they live in SBUF as ``[P, FT, T]`` tiles with feature ``f = ft * P + p``
-(see :mod:`.layout`). HBM values (weights, caches, step inputs) are kernel arguments.
+========================  ==========================================================================================
+hook                      called by
+========================  ==========================================================================================
+``constrain(c)``          :func:`.plan.plan_layouts`: layout constraints (``c.same``, ``c.heads``, ``c.prefer_pmajor``)
+``arg_specs(layouts, add)`` :func:`.bind.arg_specs`: how the model tensors it reads become kernel arguments
+``constants(ctx)``        :func:`.megakernel.generate`: constant kernel arguments it needs (``{name: Constant}``)
+``setup(ctx)``            :func:`.megakernel.generate`: per-kernel prologue code (loaded once, shared by layers)
+``emit(ctx, i)``          :func:`.megakernel.generate`: its NKI code (:class:`~.emitters.Emitted`)
+``reference(env)``        :func:`.reference.run`: the same math in PyTorch on logical values
+``shard()``               tensor parallelism: how it splits across cores (a declaration; :class:`Shard`)
+========================  ==========================================================================================
+
+Built-in instructions live with their lowering, template and reference in :mod:`fusegraph.codegen.ops` (one
+module per op); ``ir.RMSNorm`` etc. still resolve here. Values are per-token feature vectors ``[T, F]`` (T
+tokens; decode means one position per sequence, so T is the batch) unless stated otherwise. On chip they live in
+SBUF as ``[P, FT, T]`` tiles with feature ``f = ft * P + p`` (see :mod:`.layout`). HBM values (weights, caches,
+step inputs) are kernel arguments.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
+
+from .errors import CodegenError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .emitters import Context, Emitted
+    from .layout import Layout
 
 
 class ValueKind:
@@ -48,15 +69,69 @@ class Value:
         return n
 
 
+@dataclass(frozen=True)
+class Shard:
+    """How an instruction may split across cores under tensor parallelism, preferred mode first.
+
+    Only a declaration for now (the TP engine that picks one mode per instruction comes later), so that every
+    op states it where the op is defined. Modes: ``column`` (output features split: QKV, gate/up), ``row``
+    (input features split, partial sums all-reduced: o_proj, down), ``heads`` (attention heads or per-head values
+    split), ``experts`` (each core holds some experts), ``intermediate`` (each expert's intermediate dim split),
+    ``elementwise`` (follows the split of its operands), ``replicated`` (every core computes all of it: norms,
+    routers, the residual stream's small ops).
+    """
+
+    modes: tuple[str, ...]
+    note: str = ""
+
+    MODES: ClassVar[frozenset[str]] = frozenset(
+        {"column", "row", "heads", "experts", "intermediate", "elementwise", "replicated"})
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.modes if m not in self.MODES]
+        if not self.modes or bad:
+            raise ValueError(f"shard modes {self.modes} must be a non-empty subset of {sorted(self.MODES)}")
+
+
+@dataclass
+class Constant:
+    """A constant kernel argument fusegraph supplies (ones, rotation matrices, token selectors). ``role`` is the
+    key emitters look its SBUF variable up by (``ctx.consts[role]``)."""
+
+    tensor: torch.Tensor
+    role: str
+
+
+class Constraints:
+    """What :meth:`Instruction.constrain` may say about layouts (implemented by :mod:`.plan`)."""
+
+    def same(self, *values: Value | None) -> None:  # pragma: no cover - interface
+        """These activations are combined elementwise: one layout for all of them."""
+        raise NotImplementedError
+
+    def heads(self, value: Value, size: int) -> None:  # pragma: no cover - interface
+        """This activation is head-structured: ``size`` features per head on partitions."""
+        raise NotImplementedError
+
+    def prefer_pmajor(self, value: Value) -> None:  # pragma: no cover - interface
+        """This activation is stored to HBM: prefer the partition-major (contiguous) layout."""
+        raise NotImplementedError
+
+
+AddSpec = Callable[..., None]  # bind.arg_specs' add(value, role, transform, dtype=None)
+
+
 @dataclass
 class Instruction:
-    """Base class. ``nodes``: program nodes implemented; ``layer``: decoder layer (None outside layers)."""
+    """Base class. ``nodes``: program nodes implemented; ``layer``: decoder layer (None outside layers);
+    ``name``: unique in the kernel (``L<layer>.<module>.<op>``, see :func:`assign_names`)."""
 
     opcode: ClassVar[str] = "?"
     nodes: tuple[str, ...] = field(default=(), kw_only=True)
     layer: int | None = field(default=None, kw_only=True)
     module: str | None = field(default=None, kw_only=True)
     pattern: str | None = field(default=None, kw_only=True)
+    name: str = field(default="", kw_only=True)
 
     def reads(self) -> list[Value]:
         return [v for f in dataclasses.fields(self) if isinstance(v := getattr(self, f.name), Value)
@@ -67,206 +142,47 @@ class Instruction:
 
     output_fields: ClassVar[tuple[str, ...]] = ("out",)
 
+    # ---- hooks (defaults: no constraint, arguments as they are, nothing shared, no code) -----------------
+    def constrain(self, c: Constraints) -> None:
+        """Layout constraints between the values this instruction reads and writes."""
 
-@dataclass
-class Load(Instruction):
-    """Bring an activation computed outside the kernel (HBM ``[T, F]``) into SBUF."""
+    def arg_specs(self, layouts: dict[str, "Layout"], add: AddSpec) -> None:
+        """Declare how each model tensor it reads becomes a kernel argument (``add(value, role, transform)``)."""
 
-    opcode: ClassVar[str] = "load"
-    src: Value  # INPUT
-    out: Value
+    def constants(self, ctx: "Context") -> dict[str, Constant]:
+        """Constant kernel arguments it needs, by argument name (shared across instructions by name)."""
+        return {}
 
+    def setup(self, ctx: "Context") -> list[str]:
+        """Per-kernel prologue code (per-step tables loaded once); register what it loads in ``ctx.inputs``."""
+        return []
 
-@dataclass
-class Embed(Instruction):
-    opcode: ClassVar[str] = "embed"
-    ids: Value  # INPUT [T] int32
-    table: Value  # WEIGHT [V, H]
-    out: Value
-    scale: Value | None = None  # INPUT [1] fp32 (Gemma multiplies embeddings by sqrt(hidden), rounded to the dtype)
+    def emit(self, ctx: "Context", index: int) -> "Emitted":
+        raise CodegenError(f"no NKI template for instruction {self.opcode}")
 
+    def reference(self, env: dict[str, torch.Tensor]) -> None:
+        raise CodegenError(f"the reference VM has no implementation of {self.opcode}")
 
-@dataclass
-class RMSNorm(Instruction):
-    """out = w * (x * rsqrt(mean(x^2 over each group) + eps)) (+ offset on w, e.g. Gemma's 1 + w).
-
-    With ``center`` it is LayerNorm: x - mean(x) is normalized, in fp32, then ``* w + bias`` rounded once (what
-    ``torch.nn.functional.layer_norm`` does for low-precision inputs). Hidden-state norms only."""
-
-    opcode: ClassVar[str] = "rmsnorm"
-    x: Value
-    weight: Value | None
-    out: Value
-    eps: float
-    group: int  # normalized group size: F for a hidden-state norm, head_dim for q/k-norm
-    weight_offset: float = 0.0
-    center: bool = False
-    bias: Value | None = None
+    def shard(self) -> Shard | None:
+        """How it splits under tensor parallelism; None: undeclared (every built-in declares it)."""
+        return None
 
 
-@dataclass
-class Linear(Instruction):
-    """out = x @ W.T (+ b), W in HBM already laid out for the kernel (see :mod:`.weights`)."""
-
-    opcode: ClassVar[str] = "linear"
-    x: Value
-    weight: Value
-    out: Value
-    bias: Value | None = None
+def base_name(ins: Instruction) -> str:
+    """``L<layer>.<module tail>.<opcode>`` (``top`` outside the layers)."""
+    parts = [p for p in (ins.module or ins.opcode).split(".") if not p.isdigit()]
+    tail = parts[-1] if parts else ins.opcode
+    prefix = f"L{ins.layer}" if ins.layer is not None else "top"
+    return f"{prefix}.{tail}.{ins.opcode}"
 
 
-@dataclass
-class Rope(Instruction):
-    """HF rotate_half RoPE on head-structured x: out = x * cos + rotate_half(x) * sin (cos/sin per token)."""
-
-    opcode: ClassVar[str] = "rope"
-    x: Value
-    cos: Value  # INPUT [T, D]
-    sin: Value  # INPUT [T, D]
-    out: Value
-    head_dim: int
-    rotary_dim: int = 0  # partial rotary: only features [0, rotary_dim) of each head rotate (0: all of them)
-    interleaved: bool = False  # rotate pairs (x[2i], x[2i+1]) (GPT-J convention) instead of the two halves
-
-
-@dataclass
-class KVWrite(Instruction):
-    """cache[t, head, index[t], :] = value[t, head, :] (in place in HBM)."""
-
-    opcode: ClassVar[str] = "kv_write"
-    cache: Value  # STATE [B, Hkv, L, D]
-    value: Value  # ACT, head-structured
-    index: Value  # INPUT [T] int32 (cache position per sequence)
-    output_fields: ClassVar[tuple[str, ...]] = ()
-
-
-@dataclass
-class Attention(Instruction):
-    """Grouped-query decode attention over the whole static cache with an additive mask."""
-
-    opcode: ClassVar[str] = "attention"
-    q: Value  # ACT [T, Hq * D]
-    k_cache: Value  # STATE [B, Hkv, L, D] (already holds this step's rows)
-    v_cache: Value
-    mask: Value  # INPUT [T, L] fp32 additive
-    out: Value  # ACT [T, Hq * D]
-    scale: float
-    groups: int  # query heads per kv head
-    rounding: str = "eager"  # "eager": scores rounded to q's dtype after each op, like HF eager; "fused": fp32 (SDPA)
-    softcap: float = 0.0  # Gemma 2: scores -> tanh(scores / softcap) * softcap before the mask (0: off)
-
-
-@dataclass
-class Add(Instruction):
-    opcode: ClassVar[str] = "add"
-    a: Value
-    b: Value
-    out: Value
-
-
-@dataclass
-class GatedAct(Instruction):
-    """out = act(gate) * up (SwiGLU and friends)."""
-
-    opcode: ClassVar[str] = "gated_act"
-    gate: Value
-    up: Value
-    out: Value
-    act: str = "silu"
-
-
-@dataclass
-class ScalarGate(Instruction):
-    """out = sigmoid(gate) * x with one gate logit per token (a shared expert's gate)."""
-
-    opcode: ClassVar[str] = "sigmoid_gate"
-    gate: Value  # ACT [T, 1]
-    x: Value
-    out: Value
-
-
-@dataclass
-class Router(Instruction):
-    """Softmax over experts (fp32), top-k, optional renormalization; routing weights cast to ``weights.dtype``.
-
-    The k experts are distinct; among equal probabilities the lower expert index comes first (what
-    ``jax.lax.top_k`` documents; torch.topk leaves it to the implementation)."""
-
-    opcode: ClassVar[str] = "router"
-    x: Value
-    weight: Value  # WEIGHT laid out [P, KT, E]
-    weights: Value  # ROUTING [T, K]
-    indices: Value  # ROUTING [T, K] int32
-    top_k: int
-    normalize: bool
-    #: the kernel's router-tie flag [T, 1] fp32 (ROUTING), shared by every router of the kernel: set to 1 for a
-    #: token whose k-th and (k+1)-th probabilities are equal (torch.topk's choice between them is
-    #: implementation-defined, so the executor recomputes such a step eagerly); the first router initializes it
-    tie: Value | None = None
-    tie_first: bool = False
-    output_fields: ClassVar[tuple[str, ...]] = ("weights", "indices", "tie")
-
-
-@dataclass
-class Experts(Instruction):
-    """out = sum_k w[t,k] * down[e](act(gate[e] x_t) * up[e] x_t), e = idx[t,k]; only chosen experts are read."""
-
-    opcode: ClassVar[str] = "experts"
-    x: Value
-    weights: Value
-    indices: Value
-    gate_up: Value  # WEIGHT [E, ...] laid out per expert
-    down: Value
-    out: Value
-    intermediate: int
-    act: str = "silu"
-
-
-@dataclass
-class Elementwise(Instruction):
-    """A generically lowered piece: ``ops`` (see :mod:`.generic`) over ``inputs``, producing ``outputs``.
-
-    Local names in ``ops`` are program node ids; ``input_names``/``output_names`` tie them to kernel values.
-    Input classes: ``full`` (activation), ``token`` (per-token scalar activation), ``feature`` (a weight vector).
-    """
-
-    opcode: ClassVar[str] = "generic"
-    inputs: tuple[Value, ...]
-    input_names: tuple[str, ...]
-    input_classes: tuple[str, ...]
-    ops: tuple[Any, ...]
-    outputs: tuple[Value, ...]
-    output_names: tuple[str, ...]
-    output_fields: ClassVar[tuple[str, ...]] = ()
-
-    def reads(self) -> list[Value]:
-        return list(self.inputs)
-
-    def writes(self) -> list[Value]:
-        return list(self.outputs)
-
-
-@dataclass
-class Store(Instruction):
-    """Write an SBUF activation to an HBM output tensor [T, F] (kernel outputs are in shared HBM)."""
-
-    opcode: ClassVar[str] = "store"
-    x: Value
-    dst: Value  # OUTPUT
-    output_fields: ClassVar[tuple[str, ...]] = ()
-
-
-@dataclass
-class Guard(Instruction):
-    """Store a guard flag ([T, 1] fp32, 0 or 1, token-major) to an HBM output. A set flag tells the executor that
-    the kernel's result for this step may differ from eager for a reason the kernel can detect but not resolve
-    (``reason``), so the step is recomputed on the eager path."""
-
-    opcode: ClassVar[str] = "guard"
-    x: Value  # ROUTING [T, 1]
-    dst: Value  # OUTPUT [T, 1]
-    reason: str = ""
-    output_fields: ClassVar[tuple[str, ...]] = ()
+def assign_names(instructions: list[Instruction]) -> None:
+    """Give every instruction a unique name: the two RoPEs of a layer become ``...rope`` and ``...rope2``."""
+    seen: dict[str, int] = {}
+    for ins in instructions:
+        base = base_name(ins)
+        seen[base] = seen.get(base, 0) + 1
+        ins.name = base if seen[base] == 1 else f"{base}{seen[base]}"
 
 
 @dataclass
@@ -282,3 +198,13 @@ class KernelProgram:
 
     def layers(self) -> list[int]:
         return sorted({i.layer for i in self.instructions if i.layer is not None})
+
+
+def __getattr__(name: str) -> Any:
+    # the built-in instruction classes live in codegen/ops (one module per op); ``ir.RMSNorm`` stays valid
+    from .registry import instruction_class
+
+    cls = instruction_class(name)
+    if cls is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return cls

@@ -86,6 +86,11 @@ class Layout:
         return out
 
 
+def experts_intermediate_layout(intermediate: int) -> Layout:
+    """The layout of an expert's intermediate vector (the gate/up output, the down input)."""
+    return Layout(largest_divisor(intermediate), intermediate // largest_divisor(intermediate))
+
+
 def head_split(head_size: int) -> int:
     """Partition tiles for a head of ``head_size`` features: the fewest equal tiles of <= 128 (256 -> 2 x 128)."""
     for tiles in range(-(-head_size // PMAX), head_size + 1):

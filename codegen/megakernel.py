@@ -25,11 +25,12 @@ from typing import Any
 import torch
 
 from . import ir
-from . import weights as W
 from .bind import ArgSpec, arg_specs
-from .emitters import Context, assign_names, emit, rope_table_key, rotary_key
+from .emitters import Context
 from .errors import CodegenError
-from .layout import PMAX, Layout
+from .ir import assign_names
+from .layout import Layout
+from .ops.io import Store
 from .plan import Budget, plan_layouts, sbuf_budget
 from .render import nl_dtype, render, templates_hash
 from .stream import resolve
@@ -50,32 +51,16 @@ class GeneratedKernel:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def _consts_needed(program: ir.KernelProgram, layouts: dict[str, Layout]) -> dict[str, torch.Tensor]:
-    consts: dict[str, torch.Tensor] = {}
-    T = program.tokens
-    for ins in program.instructions:
-        if isinstance(ins, (ir.RMSNorm, ir.ScalarGate)) or (isinstance(ins, ir.Elementwise)
-                                                            and any(o.op == "sum" for o in ins.ops)):
-            consts["c_ones"] = W.ones(PMAX)
-        elif isinstance(ins, ir.Rope):
-            key = f"c_rot_{ins.head_dim}_{rotary_key(ins)}_{str(ins.x.dtype).split('.')[-1]}"
-            matrix = W.rotate_half_matrix(ins.head_dim, ins.x.dtype, ins.rotary_dim, ins.interleaved)
-            lay = layouts[ins.x.name]
-            if lay.split == 1:
-                consts[key] = matrix
-            elif not W.rotation_is_tile_swap(W.rotation_blocks(matrix, lay.P)):
-                # a head split over partition tiles: the matrix as [P, S, S, P] blocks (the half swap needs none)
-                consts[key] = W.rotation_tiles(matrix, lay.P)
-        elif isinstance(ins, ir.Experts):
-            consts[f"c_sel_{str(ins.weights.dtype).split('.')[-1]}"] = W.token_selectors(T, PMAX, ins.weights.dtype)
-    return consts
-
-
 def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: int = 16 * KIB, ring: int = 4,
              sbuf_budget_bytes: int = 0, model: str = "", region: str = "", check: bool = True,
              cached_source: str | None = None, layouts: dict[str, Layout] | None = None,
              lnc: int = 1) -> GeneratedKernel:
     """Emit NKI source for ``program``; raise :class:`CodegenError` if a template, layout or budget rule fails.
+
+    Every central step asks the instructions (their hooks, :mod:`.ir`): layouts (``constrain``), argument specs
+    (``arg_specs``), constants (``constants``), the prologue (``setup``) and the body (``emit``). When some
+    instructions fail to emit, the error lists all of them (``error.instructions``) so the caller can retry
+    without their matches.
 
     ``cached_source`` (from :mod:`fusegraph.executors.kernel_cache`, which checked it and named its kernel
     function ``program.name``) is used verbatim instead of the rendered source and is not re-checked for
@@ -87,63 +72,42 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
     if lnc not in (1, 2):
         raise CodegenError(f"lnc must be 1 or 2, got {lnc}")
     T = program.tokens
+    assign_names(program.instructions)
     layouts = dict(layouts) if layouts is not None else plan_layouts(program)
-    constants = _consts_needed(program, layouts)
-    const_vars: dict[str, str] = {}
-    pre_code: list[str] = []
-    const_loads = []
-    for key, tensor in constants.items():
-        var = key.replace("c_", "s_", 1)
-        const_loads.append({"var": var, "shape": tuple(tensor.shape), "dtype": nl_dtype(tensor.dtype), "src": key})
-        if key == "c_ones":
-            const_vars["ones"] = var
-        elif key.startswith("c_rot_"):
-            _, _, d, r, dt = key.split("_")
-            const_vars[f"rotation:{d}:{r}:{getattr(torch, dt)}"] = var
-        elif key.startswith("c_sel_"):
-            const_vars["selectors"] = var
-    inputs: dict[str, str] = {}
-    for ins in program.instructions:
-        if isinstance(ins, ir.KVWrite) and "kv_index" not in inputs:
-            inputs["kv_index"] = "kv_index"
-            pre_code.append(
-                f"    kv_index = nl.ndarray(shape=(1, {T}), dtype=nl.int32, buffer=nl.sbuf, name=\"kv_index\")\n"
-                f"    nisa.dma_copy(dst=kv_index, src={ins.index.name}.ap(pattern=[[{T}, 1], [1, {T}]], offset=0), "
-                f"name=\"kv_index\")\n")
-        if isinstance(ins, ir.Rope):
-            lay = layouts[ins.x.name]
-            heads = lay.FT
-            for which, val in (("cos", ins.cos), ("sin", ins.sin)):
-                key = rope_table_key(which, lay)
-                if key in inputs:
-                    continue
-                var = f"{which}_h{heads}" if lay.split == 1 else f"{which}_h{lay.heads}x{lay.split}"
-                inputs[key] = var
-                pre_code.append(render("rope_tables.j2", indent=4, var=var, heads=heads, P=lay.P, T=T,
-                                       dtype=nl_dtype(val.dtype), src=val.name, split=lay.split,
-                                       D=ins.head_dim))
     specs = arg_specs(program, layouts)
     readers: dict[str, set] = {}
     for ins in program.instructions:
         for v in ins.reads():
             readers.setdefault(v.name, set()).add(type(ins))
-    store_only = {n for n, kinds in readers.items() if kinds == {ir.Store}}
-    ctx = Context(tokens=T, layouts=layouts, target=target, chunk_bytes=chunk_bytes, consts=const_vars, inputs=inputs,
+    store_only = {n for n, kinds in readers.items() if kinds == {Store}}
+    ctx = Context(tokens=T, layouts=layouts, target=target, chunk_bytes=chunk_bytes, consts={}, inputs={},
                   specs=specs, lnc=lnc, store_only=store_only)
-    if lnc == 2:
-        pre_code.insert(0, "    pid = nl.program_id(axis=0)  # LNC=2: this core's half of the work\n")
+    constants: dict[str, torch.Tensor] = {}
+    for ins in program.instructions:
+        for key, const in ins.constants(ctx).items():
+            constants[key] = const.tensor
+            ctx.consts[const.role] = key.replace("c_", "s_", 1)
+    const_loads = [{"var": key.replace("c_", "s_", 1), "shape": tuple(t.shape), "dtype": nl_dtype(t.dtype), "src": key}
+                   for key, t in constants.items()]
+    pre_code: list[str] = []
+    for ins in program.instructions:
+        pre_code += ins.setup(ctx)
 
-    assign_names(program.instructions)
     pieces: list = []
+    failures: list[tuple[ir.Instruction, CodegenError]] = []
     current_layer: object = "start"
-    peak_scratch, peak_psum, live_acts = 0, 0, 0
+    peak_scratch, peak_psum = 0, 0
     act_bytes: dict[str, int] = {}
     for i, ins in enumerate(program.instructions):
         if ins.layer != current_layer:
             current_layer = ins.layer
             title = f"decoder layer {ins.layer}" if ins.layer is not None else "outside the decoder layers"
-            pieces.append(f"\n    # ======== {title} ========\n")
-        em = emit(ins, ctx, i)
+            pieces.append(render("layer_banner.j2", indent=4, title=title))
+        try:
+            em = ins.emit(ctx, i)
+        except CodegenError as e:
+            failures.append((ins, e))
+            continue
         pieces.extend(em.pieces)
         peak_scratch = max(peak_scratch, em.sbuf)
         peak_psum = max(peak_psum, em.psum_banks)
@@ -151,6 +115,11 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
             if v.kind == ir.ValueKind.ACT:
                 lay = layouts[v.name]
                 act_bytes[v.name] = lay.FT * T * torch.empty((), dtype=v.dtype).element_size()
+    if failures:
+        err = failures[0][1]
+        err.instructions = tuple(ins for ins, _ in failures)
+        err.causes = tuple(str(e) for _, e in failures)
+        raise err
     body, stream_stats = resolve(pieces, ring)
     # persistent: constants + per-step inputs + ring; live activations: at most one layer's worth at a time
     per_layer_acts: dict[object, int] = {}
@@ -178,7 +147,7 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
     source = cached_source if cached_source is not None else (
         render("header.j2", version=_version(), model=model or "?", region=region or "decoder stack", target=target,
                tokens=T, layers=len(program.layers()), ring=ring, lnc=lnc)
-        + render("kernel_open.j2", name=name, args=args, outputs=outputs, constants=const_loads)
+        + render("kernel_open.j2", name=name, args=args, outputs=outputs, constants=const_loads, lnc=lnc)
         + "".join(pre_code)
         + body
         + "\n" + render("kernel_close.j2", returns=[v.name for v in program.outputs])

@@ -1,8 +1,9 @@
 """Static planning before emission: a layout per activation and the SBUF/PSUM budget check per target.
 
-Layouts are solved as equivalence classes: ops that combine values elementwise (residual add, gated activation,
-norm input/output) need one layout for all their operands; per-head ops need the head size on partitions. A
-class containing a kernel output prefers the partition-major layout (contiguous stores).
+Layouts are solved as equivalence classes: each instruction declares its constraints (``constrain(c)``): ops
+that combine values elementwise (residual add, gated activation, norm input/output) need one layout for all their
+operands (``c.same``); per-head ops need the head size on partitions (``c.heads``). A class containing a kernel
+output prefers the partition-major layout (``c.prefer_pmajor``: contiguous stores).
 """
 from __future__ import annotations
 
@@ -42,55 +43,42 @@ class _UnionFind:
         self.parent[self.find(a)] = self.find(b)
 
 
-def plan_layouts(program: ir.KernelProgram) -> dict[str, Layout]:
-    uf = _UnionFind()
-    values: dict[str, ir.Value] = {}
-    head: dict[str, int] = {}
-    prefer_pmajor: set[str] = set()
+class _Constraints(ir.Constraints):
+    """The layout constraints instructions declare (:meth:`~.ir.Instruction.constrain`), as equivalence classes."""
 
-    def act(v: ir.Value | None) -> None:
+    def __init__(self) -> None:
+        self.uf = _UnionFind()
+        self.values: dict[str, ir.Value] = {}
+        self.head: dict[str, int] = {}
+        self.pmajor: set[str] = set()
+
+    def act(self, v: ir.Value | None) -> None:
         if v is not None and v.kind == ir.ValueKind.ACT:
-            values[v.name] = v
-            uf.find(v.name)
+            self.values[v.name] = v
+            self.uf.find(v.name)
 
-    def same(*vs: ir.Value | None) -> None:
+    def same(self, *vs: ir.Value | None) -> None:
         vs2 = [v for v in vs if v is not None and v.kind == ir.ValueKind.ACT]
         for v in vs2:
-            act(v)
+            self.act(v)
         for a, b in zip(vs2, vs2[1:]):
-            uf.union(a.name, b.name)
+            self.uf.union(a.name, b.name)
 
-    def heads(v: ir.Value, size: int) -> None:
-        act(v)
-        head[v.name] = size
+    def heads(self, v: ir.Value, size: int) -> None:
+        self.act(v)
+        self.head[v.name] = size
 
+    def prefer_pmajor(self, v: ir.Value) -> None:
+        self.pmajor.add(v.name)
+
+
+def plan_layouts(program: ir.KernelProgram) -> dict[str, Layout]:
+    c = _Constraints()
     for ins in program.instructions:
         for v in ins.reads() + ins.writes():
-            act(v)
-        if isinstance(ins, ir.RMSNorm):
-            same(ins.x, ins.out)
-            if ins.group != ins.x.features:
-                heads(ins.x, ins.group)
-        elif isinstance(ins, ir.Rope):
-            same(ins.x, ins.out)
-            heads(ins.x, ins.head_dim)
-        elif isinstance(ins, ir.Attention):
-            heads(ins.q, ins.k_cache.shape[-1])
-            heads(ins.out, ins.k_cache.shape[-1])
-        elif isinstance(ins, ir.KVWrite):
-            heads(ins.value, ins.cache.shape[-1])
-        elif isinstance(ins, (ir.Add,)):
-            same(ins.a, ins.b, ins.out)
-        elif isinstance(ins, ir.GatedAct):
-            same(ins.gate, ins.up, ins.out)
-        elif isinstance(ins, ir.Experts):
-            same(ins.x, ins.out)
-        elif isinstance(ins, ir.ScalarGate):
-            same(ins.x, ins.out)
-        elif isinstance(ins, ir.Store):
-            prefer_pmajor.add(ins.x.name)
-        elif isinstance(ins, ir.Elementwise):
-            same(*[v for v, c in zip(ins.inputs, ins.input_classes) if c == "full"], *ins.outputs)
+            c.act(v)
+        ins.constrain(c)
+    uf, values, head, prefer_pmajor = c.uf, c.values, c.head, c.pmajor
 
     classes: dict[str, list[str]] = {}
     for name in values:

@@ -1,15 +1,31 @@
-"""Jinja2 rendering of the NKI templates in ``templates/`` (one per instruction kind)."""
+"""Jinja2 rendering of the NKI templates, from a search path of template directories.
+
+The kernel's frame (header, signature, weight-chunk DMAs) lives in ``codegen/templates``; each built-in op's
+templates live next to it in ``codegen/ops/templates``; a plugin adds its own directory
+(:func:`add_template_dir`, or ``register_lowering(..., template_dir=...)``). Built-in directories are searched
+first, so a plugin cannot silently replace a built-in template. :func:`templates_hash` covers every directory
+and the code of every lowering, so the kernel cache follows a plugin's templates and code too.
+"""
 from __future__ import annotations
 
 import hashlib
+import logging
 import textwrap
-from functools import lru_cache
+import threading
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import torch
 
-TEMPLATE_DIR = Path(__file__).parent / "templates"
+from fusegraph.matching.activations import ALIASES, TABLE
+
+log = logging.getLogger(__name__)
+
+CODEGEN_DIR = Path(__file__).parent
+TEMPLATE_DIR = CODEGEN_DIR / "templates"  # the kernel's frame
+OPS_TEMPLATE_DIR = CODEGEN_DIR / "ops" / "templates"  # the built-in ops
+BUILTIN_DIRS = (TEMPLATE_DIR, OPS_TEMPLATE_DIR)
 
 NL_DTYPES = {
     torch.float32: "nl.float32",
@@ -21,31 +37,59 @@ NL_DTYPES = {
     torch.uint8: "nl.uint8",
 }
 
-ACTIVATIONS = {
-    "silu": "nl.silu",
-    "gelu": "nl.gelu",
-    "gelu_tanh": "nl.gelu_apprx_tanh",
-    "gelu_pytorch_tanh": "nl.gelu_apprx_tanh",
-    "relu": "nl.relu",
-    "sigmoid": "nl.sigmoid",
-    "tanh": "nl.tanh",
-}
+#: slot activation name -> NKI function (from the one activation table, :mod:`fusegraph.matching.activations`)
+ACTIVATIONS = {a.name: f"nl.{a.nki}" for a in TABLE if a.slot}
+ACTIVATIONS.update({alias: ACTIVATIONS[name] for alias, name in ALIASES.items()})
+
+_LOCK = threading.Lock()
+_PLUGIN_DIRS: list[Path] = []
+_ENV: dict[tuple[Path, ...], jinja2.Environment] = {}
 
 
-@lru_cache(maxsize=1)
+def template_dirs() -> tuple[Path, ...]:
+    """The search path: built-in directories, then plugin directories in registration order."""
+    return BUILTIN_DIRS + tuple(_PLUGIN_DIRS)
+
+
+def add_template_dir(path: Path) -> None:
+    """Append a plugin's template directory to the search path (idempotent). A template name that an earlier
+    directory already has is shadowed by it (logged)."""
+    path = Path(path).resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"template directory {path} does not exist")
+    with _LOCK:
+        if path in _PLUGIN_DIRS or path in BUILTIN_DIRS:
+            return
+        known = {p.name for d in template_dirs() for p in d.glob("*.j2")}
+        for p in sorted(path.glob("*.j2")):
+            if p.name in known:
+                log.warning("template %s in %s is shadowed by an earlier template directory", p.name, path)
+        _PLUGIN_DIRS.append(path)
+
+
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined,
-    )
+    dirs = template_dirs()
+    env = _ENV.get(dirs)
+    if env is None:
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        _ENV[dirs] = env
+    return env
 
 
-def render(template: str, indent: int = 0, **ctx) -> str:
+def render(template: str, indent: int = 0, **ctx: Any) -> str:
     text = environment().get_template(template).render(**ctx)
     return textwrap.indent(text, " " * indent) if indent else text
+
+
+def expr(template: str, macro: str, **ctx: Any) -> str:
+    """An NKI expression (an access pattern, a slice) from a macro of ``template`` (e.g. ``exprs.j2``)."""
+    return str(getattr(environment().get_template(template).module, macro)(**ctx))
 
 
 def nl_dtype(dtype: torch.dtype) -> str:
@@ -58,12 +102,19 @@ def nl_dtype(dtype: torch.dtype) -> str:
 
 
 def templates_hash() -> str:
-    """Hash of every template file: part of the kernel cache key (a template change invalidates the cache)."""
+    """Hash of every template file of the search path, the codegen modules and the plugins' lowering code: part
+    of the kernel cache key (a template or lowering change invalidates the cache)."""
+    from .registry import lowering_sources
+
     h = hashlib.sha256()
-    for p in sorted(TEMPLATE_DIR.glob("*.j2")):
-        h.update(p.name.encode())
+    for d in template_dirs():
+        for p in sorted(d.glob("*.j2")):
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    for p in sorted(CODEGEN_DIR.rglob("*.py")):
+        h.update(str(p.relative_to(CODEGEN_DIR)).encode())
         h.update(p.read_bytes())
-    for p in sorted(Path(__file__).parent.glob("*.py")):
+    for p in lowering_sources():
         h.update(p.name.encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:16]

@@ -84,3 +84,19 @@ def _np_dtype(dtype: torch.dtype) -> Any:
     if dtype == torch.int64:
         return np.int32
     return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def abstract_args(generated: GeneratedKernel) -> list:
+    """Shape-only stand-ins for every argument of a generated kernel (kernel shapes and dtypes), for the
+    interpreter's shape-only mode (profiles of full-size kernels without data)."""
+    from fusegraph import nkisim
+
+    args = []
+    for name in generated.args:
+        if name in generated.specs:
+            spec = generated.specs[name]
+            args.append(nkisim.Abstract(tuple(spec.shape), _np_dtype(spec.dtype)))
+        else:
+            t = generated.constants[name]
+            args.append(nkisim.Abstract(tuple(t.shape), _np_dtype(t.dtype)))
+    return args

@@ -5,6 +5,7 @@ forward never raises because of fusegraph.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any, Callable, Sequence
@@ -13,14 +14,16 @@ import torch
 import torch.fx as fx
 
 from .capture.inline_regions import inline_regions, region_bodies
-from .capture.lower import to_aten
-from .capture.checks import CaptureRefused, check_capturable, check_static_shapes, dynamo_input_sources
+from .capture.lower import on_local_shards, to_aten
+from .capture.checks import (CaptureRefused, check_capturable, check_collectives, check_static_shapes,
+                             dynamo_input_sources)
 from .capture.rewrites import install_rewrites
 from .capture.rewrites.hf_layer_reuse import allow_region_fallback
-from .capture.session import CaptureSession, session_for
-from .executors import get_executor
 from .capture.paths import current_frame_modules
 from .capture.quantized import warn_quantized
+from .capture.session import CaptureSession, Refusal, session_for
+from .capture.summary import summarize
+from .executors import available_executors, get_executor
 from .program.build import DynamoInput, add_graph
 from .settings import Settings
 from .warnings import one_line, warn
@@ -33,8 +36,6 @@ def resolve_executor_name(settings: Settings) -> str:
     if settings.dryrun:
         return "eager"
     if name == "auto":
-        from .executors import available_executors
-
         for candidate in ("neuron", "nkisim"):
             if candidate in available_executors():
                 return candidate
@@ -71,12 +72,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
 
         aten_gm = to_aten(gm, example_inputs)
         check_static_shapes(aten_gm)
+        check_collectives(aten_gm)
         add_graph(session.program, aten_gm, index, dyn_inputs, dynamo_nodes)
         session.paths.refresh(session.program)
         session.add_links(index, producers)
         session.add_break(index, reason)
         warn_quantized(session, index)
-        runner = _make_runner(session, index, settings)
+        runner = on_local_shards(aten_gm, _make_runner(session, index, settings))  # DTensors: local shards
         compiled = lambda *args: runner(args)  # noqa: E731
     except CaptureRefused as refused:
         session.refusals.append(_refusal(index, str(refused)))
@@ -98,13 +100,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
 def _report(session: CaptureSession, settings: Settings) -> None:
     """The fused-region report after each graph (so it always covers the whole step so far): logged in dryrun,
     written as JSON to ``settings.report``. A report failure never breaks the compile."""
-    import json
-
-    from .inspection import summarize
-
     data = None
     try:
-        from .report import report_for_session
+        from .report import report_for_session  # inside the try: a report that cannot even load is contained
 
         report = report_for_session(session)
         data = report.to_dict()
@@ -124,9 +122,7 @@ def _report(session: CaptureSession, settings: Settings) -> None:
         warn(f"could not write the report to {settings.report}: {e}")
 
 
-def _refusal(index: int, reason: str):
-    from .capture.session import Refusal
-
+def _refusal(index: int, reason: str) -> Refusal:
     return Refusal(index, reason)
 
 

@@ -1,25 +1,13 @@
 """Built-in fusion patterns (installed as ``fusegraph.patterns``), one fusion per module.
 
 They use only the public API (:mod:`fusegraph.matching`), exactly like a third-party plugin would; importing this
-package registers them. ``docs/patterns.md`` documents the contract of each (inputs, params, outputs, template).
+package registers them. Every module of the package is imported (modules whose name starts with ``_`` hold
+shared helpers), so a new built-in pattern is one new file here and nothing else. ``docs/patterns.md``
+documents the contract of each (inputs, params, outputs, template).
 """
-from . import (  # noqa: F401  (imported for registration)
-    cache_position,
-    causal_mask,
-    decode_attention,
-    embedding,
-    kv_cache_update,
-    layernorm,
-    linear,
-    moe_experts,
-    moe_router,
-    residual_add,
-    rmsnorm,
-    rmsnorm_offset,
-    rope,
-    rope_interleaved,
-    rope_partial,
-    rope_tables,
-    sigmoid_gate,
-    swiglu,
-)
+import importlib
+import pkgutil
+
+for _info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+    if not _info.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_info.name}")

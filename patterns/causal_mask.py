@@ -22,6 +22,7 @@ def _allowed(cache_len, kv_length, batch):
 @register_pattern(
     "fusegraph.causal_mask",
     template="causal_mask",
+    block="prologue",
     priority=15,
     inputs=[COUNTER],
     outputs=("mask",),

@@ -18,6 +18,7 @@ def _check(m):
 @register_pattern(
     "fusegraph.embedding",
     template="embedding",
+    block="embedding",
     priority=10,
     inputs=[WEIGHT, INDICES, SCALE],
     dims={"V": (32, 48), "H": (16, 24), "B": (1, 2), "S": (1, 3)},

@@ -28,6 +28,7 @@ def _check(m):
 @register_pattern(
     "fusegraph.moe_experts",
     template="moe_experts",
+    block="moe",
     priority=30,
     inputs=[
         Input("x", "T H"),

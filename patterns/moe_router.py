@@ -14,6 +14,7 @@ def _check(m):
 @register_pattern(
     "fusegraph.moe_router",
     template="moe_router",
+    block="moe",
     priority=30,
     inputs=[Input("x", "T H"), Input("weight", "E H", kind="weight")],
     outputs=("weights", "indices"),

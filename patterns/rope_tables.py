@@ -8,8 +8,8 @@ POSITIONS = Input("position_ids", "B S", dtype="int64")
 
 
 #: the two table patterns differ only in how the frequencies are laid out
-TABLES = dict(template="rope_tables", priority=15, inputs=[INV_FREQ, POSITIONS], outputs=("cos", "sin"),
-              params={"attention_scaling": 1.0}, dims={"F": (4, 10), "B": (2, 3), "S": (1, 3)})
+TABLES = dict(template="rope_tables", block="prologue", priority=15, inputs=[INV_FREQ, POSITIONS],
+              outputs=("cos", "sin"), params={"attention_scaling": 1.0}, dims={"F": (4, 10), "B": (2, 3), "S": (1, 3)})
 
 
 @register_pattern("fusegraph.rope_tables", **TABLES)

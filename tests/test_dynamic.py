@@ -14,7 +14,7 @@ import torch
 from fusegraph import FusegraphWarning
 from fusegraph.capture.rewrites.hf_layer_reuse import _symbolic_shapes
 from fusegraph.capture.session import last_session
-from fusegraph.inspection import summarize
+from fusegraph.capture.summary import summarize
 from fusegraph.models import build_decode, greedy_decode
 
 

@@ -12,7 +12,7 @@ import torch
 
 from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
-from fusegraph.inspection import summarize
+from fusegraph.capture.summary import summarize
 
 
 class Counter:

@@ -47,71 +47,60 @@ def _is_symbolic(v: Any) -> bool:
     return False
 
 
-#: op namespaces of torch's functional collectives (what dynamo records for DTensor redistributions and funcol)
-_COLLECTIVE_NAMESPACES = {"_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "_dtensor"}
-_TP_REFUSAL = "tensor-parallel (DTensor) graphs are not fused yet"
+def check_distributed(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Refuse the parts of tensor parallelism fusegraph does not lower (``docs/tp.md``).
 
-
-def _distributed_types() -> tuple[type, ...]:
-    """DTensor and DeviceMesh if torch.distributed's tensor package is loaded (nothing can hold one otherwise, so
-    an undistributed run does not pay for importing it)."""
-    types_ = []
-    for mod, name in (("torch.distributed.tensor", "DTensor"), ("torch.distributed.device_mesh", "DeviceMesh")):
-        cls = getattr(sys.modules.get(mod), name, None)
-        if isinstance(cls, type):
-            types_.append(cls)
-    return tuple(types_)
-
-
-def _describe(v: Any) -> str:
-    """``DTensor (Shard(dim=0) over 2 ranks)``: what a distributed input is, for the refusal message."""
-    placements = getattr(v, "placements", None)
-    mesh = getattr(v, "device_mesh", v)
-    try:
-        size = mesh.size()
-        ranks = f" over {size} rank{'s' if size != 1 else ''}"
-    except Exception:  # noqa: BLE001 - a mesh without a size: name the type only
-        ranks = ""
-    where = f"{', '.join(map(repr, placements))}{ranks}" if placements else ranks.strip()
-    return f"{type(v).__name__} ({where})" if where else type(v).__name__
-
-
-def _collective(target: Any) -> str | None:
-    ns = getattr(target, "namespace", None)  # OpOverload
-    if ns is None:
-        ns = getattr(target, "_qualified_op_name", "").partition("::")[0] or None  # OpOverloadPacket
-    return str(target) if ns in _COLLECTIVE_NAMESPACES else None
-
-
-def check_not_distributed(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
-    """Refuse graphs of a tensor-parallel model: DTensor parameters, device meshes, functional collectives.
-
-    Lowering would trace *through* DTensor's dispatch on fake tensors, bake each rank's fake local shard into the
-    graph as a constant and drop the collectives: a program that cannot run (or computes one rank's partial sums).
-    Until tensor parallelism is fused, such a graph runs eagerly: dynamo's graph with DTensor dispatch, the same
-    ops as the uncompiled model.
+    DTensor inputs (HF ``tp_plan="auto"``, ``parallelize_module``), device-mesh inputs and functional collectives
+    are captured: lowering traces the step over each rank's local shards (:mod:`.lower`). What is refused here,
+    before lowering, is a DTensor whose local shard is itself a wrapper tensor subclass (a quantized or two-part
+    shard: what its inner tensors mean is not modelled). Collectives whose process group this process does not
+    know are refused after lowering (:func:`check_collectives`).
     """
-    dist_types = _distributed_types()
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    from ..program.distributed import describe_distributed
+
+    dtensor = _distributed_type("torch.distributed.tensor", "DTensor")
+    if dtensor is None:
+        return
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for cls in dist_types:  # DTensors first: the parameter names the model; a mesh input is a closure cell
-        for n, value in zip(placeholders, list(example_inputs) + [None] * len(placeholders)):
-            v = next((x for x in (value, n.meta.get("example_value")) if isinstance(x, cls)), None)
-            if v is not None:
-                raise CaptureRefused(f"{_TP_REFUSAL} (input {parse_source(_source_name(n)).path} is a "
-                                     f"{_describe(v)})")
-    for n in gm.graph.nodes:
-        if n.op != "call_function" and n.op != "call_method":
+    for n, value in zip(placeholders, example_inputs):
+        if not isinstance(value, dtensor):
             continue
-        op = _collective(n.target) if n.op == "call_function" else None
-        if op is not None:
-            raise CaptureRefused(f"{_TP_REFUSAL} (node {n.name} in {_module(n)} is the collective {op})")
-        if dist_types and isinstance(n.meta.get("example_value"), dist_types):
-            raise CaptureRefused(f"{_TP_REFUSAL} (node {n.name} in {_module(n)} makes a DTensor)")
+        inner = [getattr(value, a) for a in value.__tensor_flatten__()[0]]
+        local = [t for t in inner if isinstance(t, torch.Tensor)]
+        if len(local) != 1 or is_traceable_wrapper_subclass(local[0]):
+            raise CaptureRefused(f"tensor-parallel input {parse_source(_source_name(n)).path} is a "
+                                 f"{describe_distributed(value)} whose local shard is a "
+                                 f"{', '.join(type(t).__name__ for t in local)}; only plain local shards are "
+                                 "lowered")
+
+
+def _distributed_type(module: str, name: str) -> type | None:
+    """A torch.distributed class if its module is loaded (nothing can hold one otherwise, so an undistributed
+    run does not pay for importing it)."""
+    cls = getattr(sys.modules.get(module), name, None)
+    return cls if isinstance(cls, type) else None
+
+
+def check_collectives(aten_gm: fx.GraphModule) -> None:
+    """Every functional collective of the lowered graph runs on a process group this process knows (the
+    executors run it on that group; the program records its ranks)."""
+    from ..program.distributed import collective_arguments, group_known, is_functional_collective
+
+    for n in aten_gm.graph.nodes:
+        if n.op != "call_function" or not is_functional_collective(n.target):
+            continue
+        name = collective_arguments(n.target, n.args, n.kwargs).get("group_name")
+        if not isinstance(name, str) or not group_known(name):
+            raise CaptureRefused(f"the collective {n.target} ({n.name} in {_module(n)}) runs on process group "
+                                 f"{name!r}, which this process does not know (initialize torch.distributed with "
+                                 "that group before compiling)")
 
 
 def check_capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
     """Raise :class:`CaptureRefused` with the reason if fusegraph must leave this graph to eager PyTorch."""
-    check_not_distributed(gm, example_inputs)
+    check_distributed(gm, example_inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n in placeholders:
         val = n.meta.get("example_value")

@@ -2,8 +2,9 @@
 
 For every region of the graph: lower it to a kernel program, generate the NKI source (or take it from the
 on-disk cache, :mod:`.kernel_cache`), and keep what the run needs: which program nodes the kernel replaces, where
-each kernel argument comes from, and how model tensors become kernel arguments. Any failure leaves that region on the
-eager path with one warning naming the region and the cause.
+each kernel argument comes from, and how model tensors become kernel arguments. A failure that one match causes
+sends only that match's ops to the eager path (one warning naming it and the cause); any other failure leaves the
+region (or the part of it) on the eager path with one warning naming the region and the cause.
 """
 from __future__ import annotations
 
@@ -38,69 +39,126 @@ class KernelPlan:
     cache_entry: Path | None = None  # the cache entry that served the kernel (discarded if it fails to load/verify)
 
 
-def _tokens(program: Program, region: Any) -> int:
-    """Tokens per step (the batch of a decode step); raises if the region is not a one-position decode step."""
-    from ..codegen.errors import CodegenError
+def decode_tokens(program: Program, region: Any) -> int:
+    """Tokens per step (the batch of a decode step), as the region's lowerings size it (``tokens=`` of
+    :func:`fusegraph.codegen.registry.register_lowering`); raises if the region is not a one-position decode step."""
+    from ..codegen.registry import step_tokens
 
-    G = program.graph
-    for m in region.matches:
-        if m.pattern.template == "embedding":
-            shape = G.nodes[m.inputs["indices"]]["shape"]
-            if len(shape) == 2 and shape[1] != 1:
-                raise CodegenError(f"a step over {shape[1]} positions is not a decode step (prefill runs eagerly)")
-            return int(shape[0])
-    for m in region.matches:
-        if m.pattern.template in ("rmsnorm", "linear") and "x" in m.inputs:
-            shape = G.nodes[m.inputs["x"]]["shape"]
-            if len(shape) == 3 and shape[1] != 1:
-                raise CodegenError(f"a step over {shape[1]} positions is not a decode step (prefill runs eagerly)")
-            return int(shape[0]) if len(shape) >= 2 else 1
-    names = ", ".join(sorted({m.pattern.name.split(".")[-1] for m in region.matches}))
-    raise CodegenError(f"a fragment without an embedding, norm or projection to size the decode step from "
-                       f"({names}) is not lowered")
+    return step_tokens(region.matches, program.graph)
 
 
 def build_plans(program: Program, graph_index: int, analysis: Any, settings: Settings) -> list[KernelPlan]:
-    from ..codegen.errors import CodegenError
-    from ..codegen.lowering import lower_region
-    from ..codegen.megakernel import generate
+    """The kernels of every fusible region of graph ``graph_index`` (see the module docstring)."""
+    from ..codegen.registry import is_host_side
 
     plans: list[KernelPlan] = []
     regions = [r for r in analysis.regions if graph_index in r.graphs]
-    from ..codegen.lowering import HOST_SIDE
-
     for region in regions:
-        if all(m.pattern.template in HOST_SIDE for m in region.matches):
+        if all(is_host_side(m.pattern.template) for m in region.matches):
             continue  # rotary tables, masks, positions: computed on the fallback path by design
         label = f"region {region.id} ({region.kind}" + (f", layers {region.layers[0]}-{region.layers[-1]}" if region.layers else "") + ")"
         if len(region.graphs) > 1:
             warn(f"{label} spans a graph break; fusegraph runs each graph separately, so it stays on the eager path")
             continue
-        t0 = time.perf_counter()
-        try:
-            tokens = _tokens(program, region)
-            lowered = lower_region(program, region, tokens, name=f"fusegraph_g{graph_index}_r{region.id}")
-            key = cache_key(lowered.program, settings.target, settings, region)
-            generated, cache_hit = generate_cached(settings, key, lowered.program.name, lambda cached: generate(
-                lowered.program, target=settings.target, chunk_bytes=settings.weight_chunk_kib * 1024,
-                ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, region=label,
-                cached_source=cached, lnc=settings.lnc))
-            _dump(settings, label, region, generated)
-        except CodegenError as e:
-            if settings.pass_through_build_failures:
-                raise
-            warn(f"{label}: {e}; it runs on the eager path")
-            continue
-        root = cache_root(settings)
-        plans.append(KernelPlan(region=region, lowered=lowered, generated=generated, label=label,
-                                cache_hit=cache_hit, seconds=time.perf_counter() - t0,
-                                cache_entry=entry_path(root, key) if cache_hit and root is not None else None))
+        plans += _build_region(program, graph_index, region, label, settings)
     return plans
 
 
-def _dump(settings: Settings, label: str, region: Any, generated: Any) -> None:
+def _build_region(program: Program, graph_index: int, region: Any, label: str, settings: Settings) -> list[KernelPlan]:
+    """The region as one kernel; when the build fails on some matches (their lowering or emission raised), the
+    region without them: their ops run eagerly, with one warning each, and the rest stays in the kernel (as
+    several kernels where dropping them breaks convexity, :func:`fusegraph.matching.carve.carve`)."""
+    from ..codegen.errors import CodegenError
+    from ..codegen.registry import is_host_side
+    from ..matching.carve import carve
+
+    try:  # the whole region sizes the step: a part left without an embedding or a norm still knows it
+        tokens = decode_tokens(program, region)
+    except CodegenError as e:
+        if settings.pass_through_build_failures:
+            raise
+        warn(f"{label}: {e}; it runs on the eager path")
+        return []
+    dropped: list[Any] = []
+    while True:
+        parts = [region] if not dropped else carve(program, region, dropped)
+        parts = [p for p in parts if any(not is_host_side(m.pattern.template) for m in p.matches)]
+        plans: list[KernelPlan] = []
+        failed: list[tuple[str, CodegenError]] = []
+        culprits: list[tuple[Any, str]] = []
+        for k, part in enumerate(parts):
+            part_label = label if len(parts) == 1 else f"{label[:-1]}, part {k + 1} of {len(parts)})"
+            name = f"fusegraph_g{graph_index}_r{region.id}" + (f"_p{k}" if len(parts) > 1 else "")
+            try:
+                plans.append(_build_kernel(program, part, tokens, name, part_label, settings))
+            except CodegenError as e:
+                if settings.pass_through_build_failures:
+                    raise
+                found = _culprits(e, part)
+                if not found:
+                    failed.append((part_label, e))
+                culprits += [c for c in found if all(c[0] is not d for d in dropped)]
+        if culprits and len(dropped) + len(culprits) < len(region.matches):
+            for m, cause in culprits:
+                if all(m is not d for d in dropped):
+                    dropped.append(m)
+                    warn(f"{label}: {m.pattern.name} at {m.module or 'the step'} ({_ops(program, m)}) cannot be "
+                         f"lowered ({cause}); it runs on the eager path, the rest of the region stays in the kernel")
+            continue
+        if culprits:  # nothing would be left
+            failed = [(label, CodegenError(culprits[0][1]))]
+            plans = []
+        for part_label, e in failed:
+            warn(f"{part_label}: {e}; it runs on the eager path")
+        return plans
+
+
+def _build_kernel(program: Program, region: Any, tokens: int, name: str, label: str,
+                  settings: Settings) -> KernelPlan:
+    from ..codegen.lowering import lower_region
+    from ..codegen.megakernel import generate
+
+    t0 = time.perf_counter()
+    lowered = lower_region(program, region, tokens, name=name)
+    key = cache_key(lowered.program, settings.target, settings, region)
+    generated, cache_hit = generate_cached(settings, key, lowered.program.name, lambda cached: generate(
+        lowered.program, target=settings.target, chunk_bytes=settings.weight_chunk_kib * 1024,
+        ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, region=label,
+        cached_source=cached, lnc=settings.lnc))
+    _dump(settings, name, region, generated)
+    root = cache_root(settings)
+    return KernelPlan(region=region, lowered=lowered, generated=generated, label=label, cache_hit=cache_hit,
+                      seconds=time.perf_counter() - t0,
+                      cache_entry=entry_path(root, key) if cache_hit and root is not None else None)
+
+
+def _culprits(e: Any, region: Any) -> list[tuple[Any, str]]:
+    """The matches a build error names, with its cause: the match being lowered, or the matches of the
+    instructions that failed to emit (an instruction that belongs to no match fails the whole kernel)."""
+    if e.match is not None:
+        return [(e.match, str(e))]
+    found: list[tuple[Any, str]] = []
+    causes = getattr(e, "causes", ()) or (str(e),) * len(e.instructions)
+    for ins, cause in zip(e.instructions, causes):
+        nodes = frozenset(ins.nodes)
+        m = next((m for m in region.matches if nodes and m.nodes == nodes), None)
+        if m is None:
+            return []
+        if all(m is not f for f, _ in found):
+            found.append((m, cause))
+    return found
+
+
+def _ops(program: Program, m: Any) -> str:
+    G = program.graph
+    ops = sorted({G.nodes[n].get("op") for n in m.nodes if G.nodes[n].get("kind") == "op"})
+    return ", ".join(ops[:3]) + (", ..." if len(ops) > 3 else "")
+
+
+def _dump(settings: Settings, name: str, region: Any, generated: Any) -> None:
     if not settings.dump_dir:
         return
     d = Path(settings.dump_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"region{region.id}_{region.kind}.py").write_text(generated.source)
+    part = name.rsplit("_p", 1)[1] if "_p" in name.rsplit("_r", 1)[-1] else ""
+    (d / f"region{region.id}_{region.kind}{f'_p{part}' if part else ''}.py").write_text(generated.source)

@@ -11,15 +11,17 @@ design and never offered.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import networkx as nx
 import torch
 
 from ..program import Program
+from ..program.execution import IslandRun
 from ..settings import Settings
 from ..warnings import warn
+from .eager import build_plan, run_plan
 
 log = logging.getLogger(__name__)
 
@@ -32,20 +34,16 @@ MAX_ISLAND_OPS = 24
 
 
 @dataclass
-class Island:
-    nodes: tuple[str, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    result: Any = None  # fusegraph.llm.WriterResult
-    task: Any = None
-    disabled: bool = False
-    calls: int = 0
-    ops: dict[str, int] = field(default_factory=dict)
+class Island(IslandRun):
+    """An island's execution record (what the report reads) plus what running it needs: the writer's task and
+    result."""
 
-    def to_dict(self) -> dict:
-        return {"nodes": list(self.nodes), "ops": dict(self.ops), "inputs": list(self.inputs),
-                "outputs": list(self.outputs), "disabled": self.disabled,
-                "llm": self.result.to_dict() if self.result is not None else None}
+    result: Any = None  # fusegraph.llm.WriterResult (its report form is the record's ``llm``)
+    task: Any = None
+
+    def set_result(self, result: Any) -> None:
+        self.result = result
+        self.llm = result.to_dict()
 
 
 def find_islands(program: Program, graph_index: int, covered: set[str], excluded: set[str]) -> list[Island]:
@@ -129,7 +127,6 @@ def reference_source(program: Program, island: Island, name: str) -> tuple[str, 
 
 def make_task(program: Program, island: Island, model: str, index: int) -> Any:
     from ..llm import KernelTask, TensorSpec
-    from .eager import build_plan, run_plan
 
     G = program.graph
     name = f"island_{index}"
@@ -167,7 +164,7 @@ def write_islands(program: Program, graph_index: int, covered: set[str], exclude
     islands = find_islands(program, graph_index, covered, excluded)
     for i, isl in enumerate(islands):
         isl.task = make_task(program, isl, model, i)
-        isl.result = write_kernel(isl.task, settings)
+        isl.set_result(write_kernel(isl.task, settings))
         if not isl.result.accepted:
             warn(f"LLM kernel for {', '.join(sorted(isl.ops))} not used ({isl.result.reason}); those ops run eagerly")
     return islands

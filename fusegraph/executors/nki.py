@@ -19,29 +19,17 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..program import Program
+from ..program.execution import ExecutionRecord, KernelInfo, RegionRun
 from ..settings import Settings
 from ..warnings import one_line, warn
-from .base import Runner
+from .base import Runner, register_executor
 from .eager import _resolver, build_plan, run_plan
+from .kernel_cache import discard
 from .kernels import KernelPlan, build_plans
 from .llm_fallback import IslandStep, island_steps, run_island, write_islands
 from .schedule import KernelSlot, build_schedule
 
 log = logging.getLogger(__name__)
-
-
-class KernelStats:
-    """What the executor did for the report (kernel launches per step, who executed each region)."""
-
-    def __init__(self) -> None:
-        self.launches_per_call = 0
-        self.calls = 0
-        self.executed_by: dict[int, str] = {}
-        self.verification: dict[int, str] = {}
-        self.kernels: list[dict] = []
-        self.guard_reruns: dict[int, int] = {}  # region id -> steps recomputed eagerly because a guard was set
-        self.run: Any = None  # the executor's per-graph runner (plans, last inputs)
-        self.llm: list = []  # llm_fallback.Island per group of ops offered to the LLM kernel writer
 
 
 class NkiExecutor:
@@ -54,9 +42,10 @@ class NkiExecutor:
                                  sbuf_budget=settings.sbuf_budget)
 
     def compile(self, program: Program, graph_index: int, settings: Settings) -> Runner:
+        from ..codegen.registry import check as lowerable
         from ..matching import analyze
 
-        analysis = analyze(program, settings)
+        analysis = analyze(program, settings, lowerable=lowerable)
         plans = build_plans(program, graph_index, analysis, settings)
         ready: list[KernelPlan] = []
         for p in plans:
@@ -102,16 +91,15 @@ class _Run:
         if self.islands:
             self.steps = island_steps(self.steps, self.islands)
         self.last_args: list | None = None  # the latest call's inputs (for bisection tools)
-        self.stats = KernelStats()
-        self.stats.run = self
-        for k, p in enumerate(plans):
-            self.stats.executed_by[p.region.id] = executor.name if k in self.active else "eager"
-        self.stats.llm = self.islands
-        program.execution[graph_index] = self.stats
+        # what the report reads, kept current as kernels are verified, fail or trip their guards
+        self.record = ExecutionRecord(graph=graph_index, executor=executor.name, llm=list(self.islands), run=self)
+        self._region_runs = {id(p): _region_run(p, k in self.active) for k, p in enumerate(plans)}
+        self.record.regions = list(self._region_runs.values())
+        program.execution[graph_index] = self.record
 
     def _llm_islands(self, graph_index: int) -> list:
         """Offer the ops left on the eager path to the LLM kernel writer (opt-in, see llm_fallback)."""
-        from ..codegen.lowering import HOST_SIDE
+        from ..codegen.registry import is_host_side
         from ..llm import enabled
 
         if not enabled(self.settings):
@@ -119,7 +107,7 @@ class _Run:
         covered = set()
         for k in self.active:
             covered |= set(self.plans[k].lowered.kernel_nodes)
-        excluded = {n for m in getattr(self.analysis, "matches", []) if m.pattern.template in HOST_SIDE for n in m.nodes}
+        excluded = {n for m in self.analysis.matches if is_host_side(m.pattern.template) for n in m.nodes}
         return write_islands(self.program, graph_index, covered, excluded, self.settings)
 
     def _build_steps(self, schedule: list) -> tuple[list, tuple[int, str] | None]:
@@ -167,7 +155,7 @@ class _Run:
             env = self._run_with_kernels(env)
         else:
             env = run_plan(self.eager_all, env)
-        self.stats.calls += 1
+        self.record.calls += 1
         return [o(env) for o in self.outputs]
 
     def _run_with_kernels(self, env: dict) -> dict:
@@ -200,7 +188,7 @@ class _Run:
                 if self._guard_tripped(plan, results):
                     self._eager_region(plan, env)  # overwrites the kernel's outputs and its KV-row writes
             launches += 1
-        self.stats.launches_per_call = launches
+        self.record.launches_per_call = launches
         return env
 
     # ---- one kernel --------------------------------------------------------------------------------------
@@ -253,10 +241,7 @@ class _Run:
         the kernel wrote before failing is KV rows of this step, which the eager ops overwrite."""
         if self.settings.pass_through_build_failures:
             raise e
-        plan.disabled = True
-        _discard_cached(plan)
-        self.stats.executed_by[plan.region.id] = "eager"
-        self.stats.verification[plan.region.id] = f"failed to run at call {self.stats.calls + 1}: {one_line(e)}"
+        self._disable(plan, f"failed to run at call {self.record.calls + 1}: {one_line(e)}")
         warn(f"{plan.label}: kernel failed at run time ({one_line(e)}); it runs on the eager path from now on")
         log.debug("kernel failure", exc_info=e)
         self._eager_region(plan, env)
@@ -267,8 +252,7 @@ class _Run:
         which the eager ops overwrite, so the step's result and state are eager's."""
         tripped = [why for name, why in plan.lowered.guards.items() if bool((results[name] != 0).any())]
         if tripped:
-            rid = plan.region.id
-            self.stats.guard_reruns[rid] = self.stats.guard_reruns.get(rid, 0) + 1
+            self._region_runs[id(plan)].guard_reruns += 1
             warn(f"{plan.label}: {tripped[0]}; steps where it happens are recomputed on the eager path")
         return bool(tripped)
 
@@ -296,21 +280,36 @@ class _Run:
             node = plan.lowered.args[name].node
             problems += _compare(f"state {node}", copy, env[node], self.settings)
         if problems:
-            plan.disabled = True
-            _discard_cached(plan)
-            self.stats.executed_by[plan.region.id] = "eager"
-            self.stats.verification[plan.region.id] = "; ".join(problems[:3])
+            self._disable(plan, "; ".join(problems[:3]))
             warn(f"{plan.label}: verification against eager failed ({problems[0]}); it runs on the eager path")
         else:
             plan.trusted = True
-            self.stats.verification[plan.region.id] = "passed"
+            self._region_runs[id(plan)].verification = "passed"
+
+    def _disable(self, plan: KernelPlan, why: str) -> None:
+        """The region runs eagerly from now on: the plan, its record and the kernel cache all say so."""
+        plan.disabled = True
+        _discard_cached(plan)
+        run = self._region_runs[id(plan)]
+        run.disabled = True
+        run.verification = why
+
+
+def _region_run(plan: KernelPlan, scheduled: bool) -> RegionRun:
+    """The execution record of a planned kernel (what the report shows of it)."""
+    gen = plan.generated
+    kernel = KernelInfo(name=gen.name, cache_hit=plan.cache_hit, codegen_seconds=plan.seconds,
+                        lines=gen.stats.get("lines"), instructions=gen.stats.get("instructions"),
+                        weight_chunks=gen.stats.get("chunks"), lnc=gen.stats.get("lnc", 1),
+                        sbuf_peak_bytes=gen.budget.sbuf_peak, sbuf_budget_bytes=gen.budget.sbuf_budget)
+    inside = frozenset(plan.lowered.kernel_nodes)
+    return RegionRun(region_id=plan.region.id, kernel=kernel, kernel_nodes=inside,
+                     host_nodes=frozenset(plan.region.nodes) - inside, scheduled=scheduled, disabled=plan.disabled)
 
 
 def _discard_cached(plan: KernelPlan) -> None:
     """A kernel served by the disk cache that failed to load, run or verify is not served again."""
     if plan.cache_entry is not None:
-        from .kernel_cache import discard
-
         discard(plan.cache_entry)
         plan.cache_entry = None
 
@@ -345,8 +344,6 @@ def _compare(what: str, got: torch.Tensor, expected: torch.Tensor, settings: Set
 
 
 def register() -> None:
-    from .base import register_executor
-
     @register_executor("nkisim")
     def _make() -> NkiExecutor:
         return NkiExecutor()

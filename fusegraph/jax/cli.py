@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..capture.summary import format_summary, summarize
+from .frontend import jit
+
 JAX_MODELS = {
     "llama-tiny": "hand-written JAX Llama step (fusegraph.jax.models), 2 layers, hidden 256, GQA 4q/2kv",
     "keras-llama-tiny": "keras-hub LlamaCausalLM (Keras 3, JAX backend), 2 layers, hidden 256, GQA 4q/2kv",
@@ -35,8 +38,6 @@ def cmd_report_jax(args: Any, options: dict[str, Any]) -> int:
     import jax
     import jax.numpy as jnp
 
-    from . import jit
-
     model = args.model if args.model in JAX_MODELS else "llama-tiny"
     case = build_case(model, args.dtype, args.batch, args.max_cache_len, args.layers)
     fused = jit(case.step, donate_argnums=(1,), options=options)
@@ -55,8 +56,6 @@ def cmd_report_jax(args: Any, options: dict[str, Any]) -> int:
     if c.fallback is not None:
         print(f"fusegraph did not fuse this step: {c.reason}; it ran as plain jax.jit")
         return 0
-    from ..inspection import format_summary, summarize
-
     print(f"StableHLO: {c.imported.stablehlo_ops} ops -> " + format_summary(summarize(c.session)))
     print(f"fused vs jax.jit: step 1 max |diff| = {diffs[0]:.3g}; step 2 max |diff| = {diffs[1]:.3g} "
           f"(logit scale {float(jnp.abs(rout).max()):.3g})")

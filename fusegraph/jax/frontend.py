@@ -18,10 +18,13 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..capture.session import CaptureSession
+from ..pipeline import compile_program, resolve_executor_name
 from ..program import InputKind
 from ..program.build import add_graph
 from ..program.sources import layer_index
+from ..report import Report, report_for_session
 from ..settings import Settings
+from ..stablehlo import UnsupportedOp, import_stablehlo
 from ..stablehlo.ir import module_path
 from ..warnings import one_line, warn
 from .convert import to_jax, to_torch
@@ -64,16 +67,14 @@ class Compiled:
     def program(self):
         return self.session.program
 
-    def report(self):
+    def report(self) -> Report:
         """The fused-region report of this specialization (as for torch: coverage, regions, launches)."""
-        from ..report import report_for_session
-
         return report_for_session(self.session)
 
     @property
     def launches_per_step(self) -> int | None:
-        stats = self.session.program.execution.get(self.index)
-        return getattr(stats, "launches_per_call", None)
+        record = self.session.program.execution.get(self.index)
+        return record.launches_per_call if record is not None else None
 
 
 class FusedFunction:
@@ -156,8 +157,6 @@ class FusedFunction:
         return leaves, kinds, names, modules
 
     def _build(self, args: Sequence[Any]) -> Compiled:
-        from ..stablehlo import UnsupportedOp, import_stablehlo
-
         t0 = time.perf_counter()
         session = CaptureSession(settings=self.settings, name=f"jax:{self.name}")
         index = session.reserve_index()
@@ -171,8 +170,6 @@ class FusedFunction:
             c.imported = imported
             captured = add_graph(session.program, imported.gm, index, None, imported.stablehlo_ops)
             _classify(session, captured, imported, modules)
-            from ..pipeline import compile_program
-
             c.runner = compile_program(session, index, self.settings)
             session.executors[index] = _executor_name(self.settings)
         except UnsupportedOp as e:
@@ -238,8 +235,6 @@ class FusedFunction:
 
 
 def _executor_name(settings: Settings) -> str:
-    from ..pipeline import resolve_executor_name
-
     return resolve_executor_name(settings)
 
 

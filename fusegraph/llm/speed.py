@@ -24,6 +24,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ..matching.trace import trace_program
+from ..perf.baselines import op_costs, op_works
+from ..perf.costmodel import estimate, line_work
+from ..perf.kernelview import KernelLine, build_view
+from ..perf.params import load_params
 from .task import KernelTask
 
 log = logging.getLogger(__name__)
@@ -151,10 +156,6 @@ def kernel_seconds(source: str, kernel: str, profile: dict[str, Any], target: st
     lines at the kernel statement that caused it (the call of the helper), reading and writing every variable
     that statement names, so it is ordered against the rest; work with no such statement is serialised last.
     """
-    from fusegraph.perf.costmodel import estimate, line_work
-    from fusegraph.perf.kernelview import KernelLine, build_view
-    from fusegraph.perf.params import load_params
-
     hw = load_params(target)
     view = build_view(source, profile, kernel=kernel)
     tree = ast.parse(source)
@@ -200,11 +201,6 @@ def kernel_seconds(source: str, kernel: str, profile: dict[str, Any], target: st
 
 def baseline_seconds(task: KernelTask, target: str = "trn2") -> float:
     """Modeled time of the reference as fusegraph's per-op baseline (every ATen op its own kernel)."""
-    from fusegraph.matching.trace import trace_program
-    from fusegraph.perf.baselines import op_costs, op_works
-    from fusegraph.perf.costmodel import estimate
-    from fusegraph.perf.params import load_params
-
     from .inputs import make_cases
 
     hw = load_params(target)

@@ -86,9 +86,9 @@ def _limit(memory_mb: int, cpu_s: int, file_mb: int) -> None:
 
 def _restricted_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
     if level == 0 and (name == "math" or name == "nki" or name.startswith("nki.")):
-        from fusegraph.nkisim.modules import _hooked_import
+        from fusegraph.nkisim.modules import kernel_import
 
-        return _hooked_import(name, globals, locals, fromlist, level)
+        return kernel_import(name, globals, locals, fromlist, level)
     raise ImportError(f"import of {name!r} is not allowed in a kernel")
 
 

@@ -8,7 +8,9 @@ Public API (what plugin packages and codegen use):
 
 Modules, one job each: ``pattern`` (API, registry, entry points), ``trace`` (function -> pattern graph),
 ``canonicalize`` (the analysis view), ``matcher`` (VF2 + validation + overlaps), ``reach`` (convexity bitsets),
-``regions`` (merging + decision log), ``debug`` (why-not explanations), ``analyze`` (orchestration).
+``regions`` (merging + decision log), ``debug`` (why-not explanations), ``analyze`` (orchestration),
+``generic_ops`` (what generic lowering computes, generic pieces), ``activations`` (the one activation table),
+``carve`` (a region minus matches codegen failed on, as convex parts).
 """
 from .analyze import Analysis, analyze
 from .pattern import (ACTIVATIONS, ENTRY_POINT_GROUP, REGISTRY, Implementation, Input, Pattern, Slot, get_pattern,

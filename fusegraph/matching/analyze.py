@@ -2,6 +2,11 @@
 
 Deterministic for a given program and pattern set: every iteration is over sorted or topologically ordered nodes.
 The program is never modified (matching runs on the canonical copy), so executors are unaffected.
+
+``lowerable``: the caller's answer to "can this match be lowered?" (codegen's registry check,
+:func:`fusegraph.codegen.registry.check`; matching never imports codegen). A match it refuses is logged as
+``refuse_match`` with the reason and left out before regions form, so its ops fall back and the rest of its
+region stays fused, in the dry-run report as in the executor, which passes the same hook.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..program import Program
 from ..settings import Settings
@@ -119,20 +125,24 @@ def _compile_all(patterns: list[Pattern], cache_dir: str = "off",
     return variants, errors
 
 
-def analyze(program: Program, settings: Settings | None = None) -> Analysis:
-    """Match, form regions and explain what is left, for one program."""
+#: ``lowerable(match, program)``: None when the match can be lowered, else why not
+Lowerable = Callable[[Match, Program], "str | None"]
+
+
+def analyze(program: Program, settings: Settings | None = None, *, lowerable: Lowerable | None = None) -> Analysis:
+    """Match, form regions and explain what is left, for one program (``lowerable``: see the module doc)."""
     # the analysis allocates many small objects and no cycles worth collecting mid-way: pausing the cyclic GC
     # keeps a 48-layer analysis from paying for full collections of everything the process holds
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _analyze(program, settings or Settings.from_options())
+        return _analyze(program, settings or Settings.from_options(), lowerable)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _analyze(program: Program, settings: Settings) -> Analysis:
+def _analyze(program: Program, settings: Settings, lowerable: Lowerable | None = None) -> Analysis:
     t0 = time.perf_counter()
     patterns = REGISTRY.patterns(settings.disabled_patterns)
     variants, errors = _compile_all(patterns, settings.cache_dir, program_float_dtypes(program))
@@ -147,10 +157,17 @@ def _analyze(program: Program, settings: Settings) -> Analysis:
     decisions: list[Decision] = []
     accepted = resolve_overlaps(cv, candidates, decisions)
     matches = [to_match(cv, c) for c in accepted]
+    refused: dict[str, str] = {}  # original node -> why its match could not be lowered
+    if lowerable is not None:
+        keep = _lowerable(program, matches, lowerable, decisions, refused)
+        kept = {id(m) for m in keep}
+        accepted = [c for c, m in zip(accepted, matches) if id(m) in kept]
+        matches = keep
     if settings.generic_lowering:
         from .generic import generic_matches
 
-        matches += generic_matches(program, cv, matches)
+        generic = generic_matches(program, cv, matches)
+        matches += _lowerable(program, generic, lowerable, decisions, refused) if lowerable is not None else generic
     matches = sorted(matches, key=lambda m: (m.order, m.pattern.name))
     for i, m in enumerate(matches):
         m.id = i
@@ -167,7 +184,7 @@ def _analyze(program: Program, settings: Settings) -> Analysis:
         patterns=patterns, pattern_errors=errors, disabled_patterns=dict(disabled), view=cv, reach=reach,
         variants=variants, candidates=accepted, refusals=refusals,
     )
-    analysis.unmatched = _unmatched(analysis, rr.outside_reason)
+    analysis.unmatched = _unmatched(analysis, {**refused, **rr.outside_reason})
     t5 = time.perf_counter()
     target = settings.match_debug or os.environ.get("FUSEGRAPH_MATCH_DEBUG", "")
     if target:
@@ -183,6 +200,26 @@ def _analyze(program: Program, settings: Settings) -> Analysis:
     for p, n in analysis.pattern_counts().items():
         log.info("  matched_count %s = %d", p, n)
     return analysis
+
+
+def _lowerable(program: Program, matches: list[Match], lowerable: Lowerable, decisions: list[Decision],
+               refused: dict[str, str]) -> list[Match]:
+    """The matches ``lowerable`` accepts; each refusal is a ``refuse_match`` decision and the reason its ops
+    carry in the report."""
+    G = program.graph
+    keep = []
+    for m in matches:
+        why = lowerable(m, program)
+        if why is None:
+            keep.append(m)
+            continue
+        first = min(m.nodes, key=lambda n: G.nodes[n]["order"]) if m.nodes else "?"
+        decisions.append(Decision("refuse_match", f"{m.pattern.name}@{first}", f"cannot be lowered: {why}",
+                                  nodes=tuple(sorted(m.nodes))))
+        log.debug("refused %s@%s: cannot be lowered: %s", m.pattern.name, first, why)
+        for n in m.nodes:
+            refused.setdefault(n, f"{m.pattern.name} matched here but cannot be lowered: {why}")
+    return keep
 
 
 def _first(cv: CanonicalView, nodes) -> str:

@@ -5,7 +5,9 @@ function, so whatever is folded is folded on both sides. What it does:
 
 * value-identity ops disappear: ``alias``, ``clone``, ``detach``, casts to the dtype a tensor already has, and
   layout ops whose output has the input's shape (identity ``view``/``expand``/``slice``); so do graph inputs fed
-  by a glue-free link from an earlier graph (the same tensor crossing a dynamo graph break);
+  by a glue-free link from an earlier graph (the same tensor crossing a dynamo graph break), and a functional
+  ``copy(dst, src)`` of a same-shaped, same-dtype ``src`` (it *is* ``src``: functionalization's trace of an
+  in-place write into an intermediate, e.g. HF's ``dist.all_reduce(out)`` after a row-parallel linear);
 * reshape-like ops (``view``, ``_unsafe_view``, ``unsqueeze``, ``squeeze``...) become one op, ``view``, and
   private chains of them collapse into one node;
 * constants are normalized: ``dim`` arguments become negative (``mean(dim=2)`` on a 3-d tensor equals
@@ -147,6 +149,21 @@ def _is_identity(op: str, d: dict, src: dict | None) -> bool:
     return False
 
 
+def _copied_value(op: str, d: dict, refs: list, G: nx.DiGraph) -> str | None:
+    """The source a functional ``aten.copy(dst, src)`` equals: ``src`` itself when the result has ``src``'s shape
+    and dtype (no broadcast, no cast). Functionalization writes an in-place update of an intermediate this way;
+    HF's tensor-parallel row linears all-reduce their output in place (``dist.all_reduce(out)``: functional
+    ``all_reduce`` + ``wait_tensor`` + ``copy(out, reduced)``), which must read like DTensor's out-of-place form."""
+    if op != "aten.copy.default" or d.get("writes_state") or len(refs) != 2:
+        return None
+    paths = dict(refs)
+    src = paths.get("a1")
+    if src is None or "a0" not in paths:
+        return None
+    s = G.nodes[src]
+    return src if s.get("shape") == d.get("shape") and s.get("dtype") == d.get("dtype") else None
+
+
 def _sole_nonempty_operand(op: str, d: dict, refs: list, G: nx.DiGraph) -> str | None:
     """The operand a ``cat`` is equal to when every other operand is empty: partial-rotary RoPE code (Phi-3, GLM,
     StableLM...) concatenates the rotated part with an empty pass-through slice when the rotary dim is the whole
@@ -260,6 +277,11 @@ def canonicalize(program: Program) -> CanonicalView:
         op = d["op"]
         items = list(const_items(d.get("args", ()), d.get("kwargs", {}), op))
         refs = [(path, v.node) for path, v, is_ref in items if is_ref and v.node in rep]
+        copied = _copied_value(op, d, refs, G)
+        if copied is not None:
+            rep[n] = rep[copied]
+            cv.folded[n] = rep[copied]
+            continue
         if refs and not d.get("writes_state") and _is_identity(op, d, G.nodes[refs[0][1]]):
             rep[n] = rep[refs[0][1]]
             cv.folded[n] = rep[refs[0][1]]

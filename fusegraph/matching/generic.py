@@ -2,8 +2,9 @@
 
 Without a pattern for a decoder variant's custom activation or norm, its ops would be blockers that split the
 decoder-stack region (and the megakernel) in two. Codegen can lower elementwise chains and feature-axis
-reductions without a pattern (:mod:`fusegraph.codegen.generic`), so such pieces are offered to region formation
-like any other match, and the region stays whole. The piece itself travels in ``params["piece"]``.
+reductions without a pattern, so such pieces are offered to region formation like any other match, and the region
+stays whole. Which ops qualify is :mod:`.generic_ops` (matching's own table; codegen translates the same ops).
+The piece itself travels in ``params["piece"]``.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from ..program import Program
 from .canonicalize import CanonicalView
+from .generic_ops import find_pieces
 from .pattern import Pattern
 from .results import Match
 
@@ -25,8 +27,6 @@ GENERIC = Pattern(name="fusegraph.generic", fn=_no_reference, inputs=(), templat
 
 
 def generic_matches(program: Program, cv: CanonicalView, matches: list[Match]) -> list[Match]:
-    from ..codegen.generic import find_pieces
-
     G = program.graph
     covered = set().union(*(m.nodes for m in matches)) if matches else set()
     candidates = {n for n, d in G.nodes(data=True) if d["kind"] == "op" and n not in covered}

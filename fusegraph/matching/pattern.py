@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from ..warnings import one_line, warn
+from .activations import slot_options
 
 log = logging.getLogger(__name__)
 
@@ -70,20 +71,9 @@ class Slot:
         return list(self.options)
 
 
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.gelu(x, approximate="tanh")
-
-
-#: Single-op activations HF decoders use (ACT2FN names where they exist)
-ACTIVATIONS = Slot({
-    "silu": torch.nn.functional.silu,
-    "gelu": torch.nn.functional.gelu,
-    "gelu_tanh": _gelu_tanh,
-    "relu": torch.relu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-    "mish": torch.nn.functional.mish,
-})
+#: Single-op activations HF decoders use (ACT2FN names where they exist): the slot's options come from the one
+#: activation table (:mod:`.activations`) that codegen's templates and the reference VM read too
+ACTIVATIONS = Slot(slot_options())
 
 CheckResult = bool | str | None
 
@@ -118,6 +108,9 @@ class Pattern:
     derive: Callable[["Any"], Mapping[str, Any]] | None = None
     reference: Callable[..., Any] | None = None
     description: str = ""
+    #: the report block a match belongs to when its module path does not say: "embedding", "prologue" (computed
+    #: before the layers: rotary tables, masks), "moe" (its layer's MLP is a mixture of experts); "" = by module
+    block: str = ""
     source: str = "user"  # who registered it: "fusegraph" for built-ins, the entry point name for plugins
     implementations: list[Implementation] = field(default_factory=list)
 

@@ -252,7 +252,6 @@ def _make_region(cv: CanonicalView, g: _Group, nodes: set[str], rid: int) -> Reg
 
 _ATTN = ("attn", "attention")
 _MLP = ("mlp", "moe", "experts", "feed_forward", "ffn")
-_MOE_TEMPLATES = ("moe_router", "moe_experts")
 
 
 def _direct_block(m: Match, first_layer: int | None, last_layer: int | None) -> str | None:
@@ -260,9 +259,10 @@ def _direct_block(m: Match, first_layer: int | None, last_layer: int | None) -> 
     if m.layer is None:
         if first_layer is None:
             return "fused"  # not a decoder: no layer structure to name blocks after
-        if m.pattern.template == "embedding":
+        block = _declared_block(m)
+        if block == "embedding":
             return "embedding"
-        if m.order < first_layer or m.pattern.template in ("rope_tables", "causal_mask"):
+        if m.order < first_layer or block == "prologue":
             return "prologue"
         return "head" if m.order > last_layer else "misc"
     if parts and "norm" in parts[-1]:
@@ -272,6 +272,11 @@ def _direct_block(m: Match, first_layer: int | None, last_layer: int | None) -> 
     if any(any(k in p for k in _MLP) for p in parts):
         return "mlp"
     return None
+
+
+def _declared_block(m: Match) -> str:
+    """The block the match's pattern declares (``Pattern.block``), for matches the module path cannot place."""
+    return getattr(m.pattern, "block", "") or ""
 
 
 def _blocks(cv: CanonicalView, matches: list[Match]) -> list[Block]:
@@ -312,7 +317,7 @@ def _blocks(cv: CanonicalView, matches: list[Match]) -> list[Block]:
                 kind[m.id] = kind[succ[0].id]
             elif pred:
                 kind[m.id] = kind[pred[0].id]
-    moe_layers = {m.layer for m in matches if m.pattern.template in _MOE_TEMPLATES}
+    moe_layers = {m.layer for m in matches if _declared_block(m) == "moe"}
     blocks: dict[tuple, Block] = {}
     for m in matches:
         k = kind[m.id] or "misc"

@@ -13,16 +13,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from .pattern import Pattern
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
     """Constants captured from graphs (floats, ints, dtypes, strings) in a JSON-friendly form."""
     if isinstance(v, (bool, int, str)) or v is None:
         return v
     if isinstance(v, float):
         return v if v == v and abs(v) != float("inf") else str(v)
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
+        return {str(k): jsonable(x) for k, x in v.items()}
     return str(v)
 
 
@@ -77,7 +77,7 @@ class Match:
             "nodes": sorted(self.nodes),
             "inputs": dict(self.inputs),
             "outputs": dict(self.outputs),
-            "params": _jsonable(self.params),
+            "params": jsonable(self.params),
             "input_views": {k: list(v) for k, v in self.input_views.items() if v},
             "exports": {k: list(v) for k, v in self.exports.items()},
             "graphs": list(self.graphs),

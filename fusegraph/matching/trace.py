@@ -28,7 +28,9 @@ from typing import Any, Callable, Collection, Mapping
 import networkx as nx
 import torch
 
+from ..capture.lower import to_aten
 from ..program import Program
+from ..program.build import DynamoInput, add_graph, node_id
 from ..warnings import one_line
 from .canonicalize import HAZARD, CanonicalView, canonicalize
 from .pattern import Implementation, Input, Pattern, keyword_names
@@ -93,9 +95,6 @@ class CompiledVariant:
 def trace_program(fn: Callable[..., Any], args: list[torch.Tensor], names: list[str],
                   weights: frozenset[str] = frozenset()) -> tuple[Program, list[str]]:
     """Trace ``fn(*args)`` into a one-graph Program (as captured steps are traced); also return the output ids."""
-    from ..capture.lower import to_aten
-    from ..program.build import DynamoInput, add_graph, node_id
-
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     try:

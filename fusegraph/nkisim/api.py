@@ -39,7 +39,7 @@ LANGUAGE_IMPLEMENTED = (
     "shared_identity_matrix", "softmax", "broadcast_to", "expand_dims", "where",
 )
 
-COLLECTIVES_IMPLEMENTED = ("all_reduce", "rank_id")
+COLLECTIVES_IMPLEMENTED = ("all_gather", "all_reduce", "all_to_all", "rank_id", "reduce_scatter")
 
 
 class _TensorAnnotation:

@@ -41,6 +41,7 @@ class RunState:
     trace: bool = False  # record every instruction (fusegraph.nkisim.trace)
     trace_layer: str | None = None  # "function:variable" read into every trace event
     sync: Any = None  # fusegraph.nkisim.sync.SyncHub
+    transport: Any = None  # fusegraph.nkisim.transport: where nki.collectives data goes (threads or torch.distributed)
     lock: threading.Lock = field(default_factory=threading.Lock)
     shared_allocs: dict[tuple, Any] = field(default_factory=dict)
 
@@ -62,6 +63,7 @@ class ProgramContext:
         self.shared_counts: dict[tuple, int] = {}
         self.alloc_seq = 0
         self.collective_seq = 0
+        self.collective_log: dict[tuple, dict] = {}  # nki.collectives per call site (Profile.collectives)
         self.sendrecv_seq: dict[int, int] = {}
         # runtime-offset views resolved by the running instruction: id(view) -> (view, direct view)
         self.ind_cache: dict[int, tuple[Any, Any]] = {}

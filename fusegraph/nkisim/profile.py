@@ -119,6 +119,9 @@ class Profile:
     dmas: list[DmaStats] = field(default_factory=list)
     records: list[InstructionRecord] = field(default_factory=list)
     records_dropped: int = 0
+    #: ``nki.collectives`` per rank, program and call site: op, reduce, buffer (hbm/sbuf), dtype, group, group_size,
+    #: tensors, collective_dim, count, bytes (this rank's sources) and out_bytes (its destinations)
+    collectives: list[dict[str, Any]] = field(default_factory=list)
     #: ``run(trace=True)``: ``{(rank, program): [TraceEvent, ...]}`` (see :mod:`fusegraph.nkisim.trace`); a class
     #: default, set per instance, so it stays out of the dataclass fields and of ``to_dict()``
     trace: ClassVar[dict[tuple[int, int], list] | None] = None
@@ -145,6 +148,8 @@ class Profile:
             "peak_sbuf_bytes_per_partition": self.peak_sbuf_bytes_per_partition,
             "peak_psum_bytes_per_partition": self.peak_psum_bytes_per_partition,
             "sites": sorted((s.file, s.line, s.opcode, s.count, s.elements) for s in self.sites),
+            "collectives": [(c["rank"], c["program"], c["line"], c["op"], c["group_size"], c["count"], c["bytes"])
+                            for c in self.collectives],
         }
 
     def summary(self) -> str:
@@ -162,6 +167,10 @@ class Profile:
             f"  peak SBUF {self.peak_sbuf_bytes_per_partition} B/partition (budget {self.sbuf_budget_bytes}), "
             f"peak PSUM {self.peak_psum_bytes_per_partition} B/partition ({self.peak_psum_banks} banks)"
         )
+        for c in self.collectives:
+            lines.append(f"  collective rank {c['rank']} program {c['program']}: {c['count']} x {c['op']} "
+                         f"({c['buffer']}, group of {c['group_size']}), {c['bytes']} B in, {c['out_bytes']} B out "
+                         f"(line {c['line']})")
         return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from .enums import MemoryRegion
 from .errors import NkiSimError, NkiSyncError, NkiUsageError, NkiValidationError
 from .storage import Abstract, Storage, wrap_array
 from .sync import SyncHub
+from . import transport as transport_mod
 from .targets import get_target, resolve_sbuf_budget
 from .tensor import NkiTensor
 
@@ -166,8 +167,8 @@ def _to_host(t: NkiTensor, shape_only: bool) -> Any:
 
 def _resolve_backend(backend: str | None) -> str:
     b = backend or os.environ.get(ENV_BACKEND) or "fusegraph"
-    if b not in ("fusegraph", "official"):
-        raise NkiUsageError(f"unknown backend {b!r}; expected 'fusegraph' or 'official'", rule="args")
+    if b not in ("fusegraph", "official", "neuron"):
+        raise NkiUsageError(f"unknown backend {b!r}; expected 'fusegraph', 'official' or 'neuron'", rule="args")
     return b
 
 
@@ -185,6 +186,7 @@ def run(
     max_records: int = prof.DEFAULT_MAX_RECORDS,
     trace: bool = False,
     trace_layer: str | None = None,
+    process_group: Any = None,
     **kwargs: Any,
 ) -> Any:
     """Run an NKI kernel (``@nki.jit`` object or plain function) in the interpreter.
@@ -194,7 +196,10 @@ def run(
     ``nki.simulate``).  ``shape_only``: no arithmetic, same checks and counters; args may be :class:`Abstract`.
     ``assume``: data-dependent indices for shape-only runs (see :mod:`fusegraph.nkisim.assume`).  ``ranks``:
     simulate N ranks for ``nki.collectives`` (each rank gets a copy of the array args unless ``rank_args`` lists
-    per-rank argument tuples); returns a list of per-rank outputs.
+    per-rank argument tuples); returns a list of per-rank outputs.  ``process_group``: a ``torch.distributed`` group
+    whose processes each run their own rank (``rank_id()`` is the process's rank in it; collectives go over it);
+    default: the job's default group when ``torch.distributed`` is initialized with several processes and
+    ``ranks=1`` (``FUSEGRAPH_NKISIM_DIST=off`` disables that), else in-process ranks.
     ``sbuf_budget``: usable SBUF bytes per partition.  ``backend="official"``: run through the real
     ``nki.simulate`` (only where the Neuron SDK is installed).  ``trace``: also record every instruction in program
     order with the tensors it read and wrote (``last_profile().trace``); ``trace_layer="function:variable"`` tags
@@ -216,7 +221,7 @@ def run(
     return launch(
         kernel, args, kwargs, lnc=lnc, grid_ndim=grid_ndim, target=target, shape_only=shape_only, assume=assume,
         ranks=ranks, rank_args=rank_args, sbuf_budget=sbuf_budget, backend=backend, max_records=max_records,
-        trace=trace, trace_layer=trace_layer,
+        trace=trace, trace_layer=trace_layer, process_group=process_group,
     )
 
 
@@ -237,12 +242,18 @@ def launch(
     max_records: int = prof.DEFAULT_MAX_RECORDS,
     trace: bool = False,
     trace_layer: str | None = None,
+    process_group: Any = None,
 ) -> Any:
     func = kernel.func
-    if _resolve_backend(backend) == "official":
+    be = _resolve_backend(backend)
+    if be == "official":
         from .official import run_official
 
         return run_official(func, args, kwargs, lnc)
+    if be == "neuron":
+        from .device import run_on_neuron
+
+        return run_on_neuron(func, args, kwargs, lnc)
     if lnc not in (1, 2):
         raise NkiUsageError(f"lnc must be 1 or 2, got {lnc!r}", rule="lnc")
     if not isinstance(ranks, int) or ranks < 1:
@@ -252,12 +263,20 @@ def launch(
     code = getattr(func, "__code__", None)
     kernel_file = code.co_filename if code else None
     kernel_loc = f"{kernel_file}:{code.co_firstlineno}" if code else "<kernel>"
+    placement = transport_mod.resolve(process_group, ranks, rank_args)
+    rank_ids = placement.rank_ids  # the ranks this process runs (threads), by rank id
+    local = len(rank_ids)
     run_state = RunState(
-        target=tgt, lnc=lnc, ranks=ranks, shape_only=shape_only, assume=assume,
+        target=tgt, lnc=lnc, ranks=placement.job_ranks, shape_only=shape_only, assume=assume,
         kernel_name=getattr(func, "__qualname__", str(func)), kernel_file=kernel_file, sbuf_budget=budget,
         max_records=max_records, grid_ndim=grid_ndim, trace=trace, trace_layer=trace_layer,
     )
-    run_state.sync = SyncHub(ranks, lnc)
+    run_state.sync = SyncHub(local, lnc, rank_ids=rank_ids)
+    if placement.pg is not None:
+        run_state.transport = transport_mod.TorchTransport(placement.pg, lnc, data=not shape_only)
+        run_state.transport.run_state = run_state
+    else:
+        run_state.transport = transport_mod.ThreadTransport(run_state.sync)
     arg_buffer = MemoryRegion.shared_hbm if lnc > 1 else MemoryRegion.private_hbm
     if rank_args is not None:
         if len(rank_args) != ranks:
@@ -267,7 +286,7 @@ def launch(
         per_rank = [(args, kwargs)] + [_copy_args(args, kwargs) for _ in range(ranks - 1)]
     bindings = [_bind(func, a, k, arg_buffer, shape_only) for a, k in per_rank]
 
-    contexts = [[ProgramContext(run_state, p, r) for p in range(lnc)] for r in range(ranks)]
+    contexts = [[ProgramContext(run_state, p, r) for p in range(lnc)] for r in rank_ids]
     results: dict[tuple[int, int], Any] = {}
     errors: list[tuple[tuple[int, int], BaseException]] = []
     t0 = time.perf_counter()
@@ -280,16 +299,22 @@ def launch(
                 results[(r, p)] = func(*b.args, **b.kwargs)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             errors.append(((r, p), exc))
-            run_state.sync.abort(f"program {p} of rank {r}: {type(exc).__name__}: {exc}")
+            why = f"program {p} of rank {rank_ids[r]}: {type(exc).__name__}: {exc}"
+            run_state.sync.abort(why)
+            run_state.transport.failed(why)
 
-    if ranks * lnc == 1:
+    if local * lnc == 1:
         ctx = contexts[0][0]
-        with activate(ctx), np.errstate(all="ignore"):
-            results[(0, 0)] = func(*bindings[0].args, **bindings[0].kwargs)
+        try:
+            with activate(ctx), np.errstate(all="ignore"):
+                results[(0, 0)] = func(*bindings[0].args, **bindings[0].kwargs)
+        except BaseException as exc:
+            run_state.transport.failed(f"program 0 of rank {rank_ids[0]}: {type(exc).__name__}: {exc}")
+            raise
     else:
         threads = [
-            threading.Thread(target=body, args=(r, p), name=f"nkisim-r{r}-p{p}", daemon=True)
-            for r in range(ranks)
+            threading.Thread(target=body, args=(r, p), name=f"nkisim-r{rank_ids[r]}-p{p}", daemon=True)
+            for r in range(local)
             for p in range(lnc)
         ]
         for th in threads:
@@ -305,7 +330,7 @@ def launch(
 
     outputs_per_rank = []
     output_labels: set[str] = set()
-    for r in range(ranks):
+    for r in range(local):
         outs0 = _check_outputs(results.get((r, 0)), func, kernel_loc)
         for p in range(1, lnc):
             outs_p = _check_outputs(results.get((r, p)), func, kernel_loc)
@@ -339,11 +364,14 @@ def launch(
 
     wall = time.perf_counter() - t0
     profile = prof.Profile(
-        kernel=run_state.kernel_name, target=tgt.name, lnc=lnc, ranks=ranks, shape_only=shape_only,
+        kernel=run_state.kernel_name, target=tgt.name, lnc=lnc, ranks=placement.job_ranks, shape_only=shape_only,
         sbuf_budget_bytes=budget, wall_time_s=wall,
     )
     recorders = [ctx.rec for row in contexts for ctx in row]
     prof.merge(recorders, profile)
+    from .collectives import profile_rows
+
+    profile.collectives = profile_rows(contexts)
     capacity_errors: list[BaseException] = []
     for label, traffic in profile.hbm_by_tensor.items():
         if label in output_labels and traffic.kind != "input":
@@ -371,7 +399,7 @@ def launch(
     if capacity_errors:
         raise capacity_errors[0]
     log.debug("%s", profile.summary())
-    return outputs_per_rank if ranks > 1 else outputs_per_rank[0]
+    return outputs_per_rank if local > 1 else outputs_per_rank[0]
 
 
 def _copy_back(origin: Any, st: Storage) -> None:

@@ -20,14 +20,15 @@ def default_timeout() -> float:
 
 
 class SyncHub:
-    def __init__(self, ranks: int, lnc: int, timeout: float | None = None):
+    def __init__(self, ranks: int, lnc: int, timeout: float | None = None, rank_ids: list[int] | None = None):
         self.ranks = ranks
         self.lnc = lnc
         self.timeout = default_timeout() if timeout is None else timeout
         self.cond = threading.Condition()
         self.mail: dict[tuple, Any] = {}
+        # rank ids of the ranks this process runs (a torch.distributed launch runs one rank, e.g. rank 3)
         self.barriers: dict[int, threading.Barrier] = {
-            r: threading.Barrier(lnc, timeout=self.timeout) for r in range(ranks)
+            r: threading.Barrier(lnc, timeout=self.timeout) for r in (rank_ids if rank_ids is not None else range(ranks))
         }
         self.collectives: dict[tuple, dict[int, Any]] = {}
         self.aborted: str | None = None

@@ -216,9 +216,9 @@ def per_op(program: Any, hw: HardwareParams) -> Estimate:
 def instruction_key(ins: Any) -> str:
     """The region key of a codegen instruction, as the emitters name its kernel instructions."""
     try:  # the emitters' own naming, when available
-        from fusegraph.codegen.emitters import _inst_name
+        from fusegraph.codegen.emitters import inst_name
 
-        return region_of(_inst_name(ins))[0]
+        return region_of(inst_name(ins))[0]
     except Exception:  # noqa: BLE001 - fall back to the documented scheme
         tail = (getattr(ins, "module", None) or ins.opcode).rsplit(".", 1)[-1]
         prefix = f"L{ins.layer}" if getattr(ins, "layer", None) is not None else "top"

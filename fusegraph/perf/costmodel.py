@@ -17,9 +17,14 @@ Costs per instruction (parameters in ``data/trainium.json``):
   latency before data moves (overlappable), and bytes / (per-core bandwidth x eff(s)) of the core's DMA
   bandwidth, with ``eff(s) = s / (s + s0)`` for ``s`` contiguous bytes per descriptor; a transfer also takes at
   least bytes / (engines it spans x per-engine bandwidth).
+* Collectives (``nki.collectives``): ``steps x cc_step_latency + wire bytes / link bandwidth`` of a ring over the
+  group's n ranks -- all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer, all-gather / reduce-scatter /
+  all-to-all n-1 steps moving (n-1)/n of the larger side -- on the collective engine (the chip's CC-cores), an
+  in-order resource of its own: a collective overlaps compute and DMAs and delays only what reads its result.
 """
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import defaultdict
@@ -28,6 +33,8 @@ from typing import Any, Iterable, Sequence
 
 from .kernelview import KernelLine, KernelView
 from .params import HardwareParams
+
+log = logging.getLogger(__name__)
 
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 ENGINES = COMPUTE_ENGINES + ("sync",)
@@ -38,12 +45,15 @@ ENGINE_LABELS = {
     "gpsimd": "POOL (GpSimd)",
     "sync": "SP (Sync: DMA issue, barriers)",
     "dma": "DMA queues",
+    "cc": "CC (collectives: CC-cores / DMA rings)",
 }
+#: the ``nki.collectives`` operations the model costs as ring collectives
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 TWO_INPUT_OPS = frozenset({"tensor_tensor", "scalar_tensor_tensor", "tensor_tensor_scan", "tensor_copy_predicated",
                            "select_reduce", "range_select"})
 PERF_MODE_OPS = frozenset({"tensor_copy", "tensor_scalar"})
 SIXTEEN_BIT = frozenset({"bfloat16", "float16"})
-BOUNDS = ("compute", "memory", "dma-overhead", "sync")
+BOUNDS = ("compute", "memory", "dma-overhead", "sync", "collective")
 _TEMPLATE = re.compile(r"^L\d+\.")
 
 
@@ -59,7 +69,7 @@ class Work:
     """One schedulable unit: a kernel line (all its executions) or a piece of a baseline's per-op kernel."""
 
     index: int
-    kind: str  # "compute" | "dma"
+    kind: str  # "compute" | "dma" | "cc" (a collective)
     engine: str  # compute engine, or the engine that issues the DMA
     opcode: str
     count: int
@@ -85,6 +95,8 @@ class Work:
     descriptor_bytes: float = 0.0
     efficiency: float = 1.0
     tensor: str = ""  # HBM tensor moved (for attribution)
+    # collectives only
+    collective: dict[str, Any] | None = None  # op, group_size, link, steps, wire bytes, latency / transfer seconds
 
     @property
     def per_instr(self) -> float:
@@ -158,12 +170,121 @@ def dma_transfer(hw: HardwareParams, nbytes: float, count: int, partitions: int,
             "descriptor_bytes": s, "ideal": nbytes / hw.dma_bandwidth_core}
 
 
+# ---- collectives -------------------------------------------------------------------------------------------------
+def ring_steps_and_factor(op: str, n: int) -> tuple[int, float]:
+    """(ring steps, wire bytes per byte of the op's buffer) of a ring collective over ``n`` ranks.
+
+    The buffer is the all-reduce's input (= output), the all-gather's *output*, the reduce-scatter's *input* and
+    the all-to-all's input: all-reduce is a reduce-scatter followed by an all-gather, 2(n-1) steps moving
+    2(n-1)/n of it; the others take n-1 steps and move (n-1)/n of it (``neuron-runtime/explore/
+    intranode-collective-comm.rst``, "Ring AllReduce ... requires the ring to be traversed twice")."""
+    if n <= 1:
+        return 0, 0.0
+    if op == "all_reduce":
+        return 2 * (n - 1), 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return n - 1, (n - 1) / n
+    raise ValueError(f"not a collective the model costs: {op!r}")
+
+
+def ranks_per_chip(hw: HardwareParams, lnc: int) -> int:
+    """Ranks (logical cores) per chip: 8 physical cores at LNC=1, 4 at LNC=2 (H1, H12)."""
+    return max(1, int(hw.physical_cores_per_chip) // max(1, int(lnc)))
+
+
+def spans_chips(hw: HardwareParams, group: Sequence[int], lnc: int) -> bool:
+    """Whether ranks ``group`` sit on more than one chip, with ranks numbered chip by chip (rank r on chip
+    r // ranks_per_chip: the numbering of a one-node job, our assumption)."""
+    per = ranks_per_chip(hw, lnc)
+    return len({int(r) // per for r in group}) > 1
+
+
+def collective_time(hw: HardwareParams, op: str, group_size: int, nbytes: float, out_bytes: float | None = None,
+                    chip_to_chip: bool = False) -> dict[str, Any]:
+    """Modeled time of one collective: ``steps x cc_step_latency + wire bytes / bandwidth``.
+
+    ``nbytes``: the rank's source bytes, ``out_bytes``: its destination bytes (default: the same). The link is the
+    core's DMA bandwidth on the chip (``cc_bandwidth_intra_chip``, C15) or, for a group across chips, the chip's
+    NeuronLink shared by its physical cores (``cc_bandwidth_chip_to_chip / physical_cores_per_chip``, H9, H1),
+    whichever is lower."""
+    out_bytes = nbytes if out_bytes is None else out_bytes
+    steps, factor = ring_steps_and_factor(op, int(group_size))
+    buffer = max(nbytes, out_bytes) if op in ("all_gather", "reduce_scatter") else nbytes
+    wire = factor * buffer
+    bw = hw.cc_bandwidth_intra_chip
+    link = "intra-chip"
+    if chip_to_chip:
+        bw = min(bw, hw.cc_bandwidth_chip_to_chip / hw.physical_cores_per_chip)
+        link = "chip-to-chip"
+    latency = steps * hw.cc_step_latency
+    transfer = wire / bw if wire else 0.0
+    return {"op": op, "group_size": int(group_size), "steps": steps, "factor": factor, "wire_bytes": wire,
+            "bandwidth": bw, "link": link, "latency_s": latency, "transfer_s": transfer,
+            "seconds": latency + transfer}
+
+
+def _collective_work(hw: HardwareParams, ln: KernelLine, index: int) -> Work | None:
+    """A kernel line of ``nki.collectives`` calls (its DMAs carry the interpreter's ``collective`` record)."""
+    infos = [(d, d.get("collective")) for d in ln.dmas]
+    if not infos or any(c is None for _, c in infos):
+        return None
+    total = 0.0
+    nbytes = 0
+    count = 0
+    first: dict[str, Any] | None = None
+    for d, c in infos:
+        n = max(1, int(d.get("count", 1)))
+        chip = spans_chips(hw, c.get("group") or range(c["group_size"]), c.get("lnc", 1))
+        t = collective_time(hw, c["op"], c["group_size"], c["bytes"], c.get("out_bytes"), chip)
+        total += n * t["seconds"]
+        nbytes += n * c["bytes"]
+        count += n
+        first = first or {**t, "buffer": c.get("buffer"), "bytes": c["bytes"], "out_bytes": c.get("out_bytes")}
+    return Work(index, "cc", "cc", ln.opcode, count, total, ln.region, ln.layer, ln.name, ln.line, ln.reads,
+                ln.writes, ln.partial_write, ln.loops, nbytes=nbytes, collective=first)
+
+
+_WARNED_CC: set[str] = set()
+
+
+def collectives_report(profile: Any, hw: HardwareParams) -> dict[str, Any]:
+    """Per rank, program and call site: the collectives the interpreter profiled (``Profile.collectives``) with
+    their bytes and modeled time (not scheduled: the time each takes on its own), plus totals per rank.
+
+    ``{"rows": [{rank, program, file, line, op, buffer, group_size, count, bytes, out_bytes, link, steps,
+    wire_bytes, seconds_each, seconds}, ...], "per_rank": {rank: {"count", "bytes", "seconds"}}}``"""
+    prof = profile if isinstance(profile, dict) else profile.to_dict()
+    lnc = prof.get("lnc", 1)
+    rows = []
+    per_rank: dict[int, dict[str, float]] = {}
+    for c in prof.get("collectives", []):
+        n = max(1, c["count"])
+        t = collective_time(hw, c["op"], c["group_size"], c["bytes"] / n, c["out_bytes"] / n,
+                            spans_chips(hw, c["group"], lnc))
+        row = {**c, "link": t["link"], "steps": t["steps"], "wire_bytes": t["wire_bytes"] * n,
+               "seconds_each": t["seconds"], "seconds": t["seconds"] * n}
+        rows.append(row)
+        tot = per_rank.setdefault(c["rank"], {"count": 0, "bytes": 0, "seconds": 0.0})
+        tot["count"] += c["count"]
+        tot["bytes"] += c["bytes"]
+        tot["seconds"] += row["seconds"]
+    return {"target": hw.target, "rows": rows, "per_rank": per_rank}
+
+
 def _is_hbm(buffer: str) -> bool:
     return "hbm" in (buffer or "")
 
 
 def line_work(hw: HardwareParams, ln: KernelLine, index: int) -> Work:
     """Cost one kernel line."""
+    if ln.dmas and any(d.get("queue") == "cc" for d in ln.dmas):
+        w = _collective_work(hw, ln, index)
+        if w is not None:
+            return w
+        if ln.opcode not in _WARNED_CC:
+            _WARNED_CC.add(ln.opcode)
+            log.warning("collective %s at line %s has no group record (a profile from before the interpreter recorded "
+                        "collectives?): costed as a DMA", ln.opcode, ln.line)
     if ln.dmas:
         count = sum(d["count"] for d in ln.dmas)
         nbytes = sum(d["bytes"] for d in ln.dmas)
@@ -172,8 +293,8 @@ def line_work(hw: HardwareParams, ln: KernelLine, index: int) -> Work:
         d0 = max(ln.dmas, key=lambda d: d["bytes"])
         engine, per = dma_issue(hw, d0["dge_mode"], d0["queue"], ln.indirect)
         tr = dma_transfer(hw, nbytes, count, parts, desc)
-        hbm_r = sum(d["bytes"] for d in ln.dmas if _is_hbm(d["src_buffer"]))
-        hbm_w = sum(d["bytes"] for d in ln.dmas if _is_hbm(d["dst_buffer"]))
+        hbm_r = sum(d.get("read_bytes", d["bytes"]) for d in ln.dmas if _is_hbm(d["src_buffer"]))
+        hbm_w = sum(d.get("write_bytes", d["bytes"]) for d in ln.dmas if _is_hbm(d["dst_buffer"]))
         tensor = d0["src_tensor"] if _is_hbm(d0["src_buffer"]) else d0["dst_tensor"]
         return Work(index, "dma", engine, ln.opcode, count, count * per, ln.region, ln.layer, ln.name, ln.line,
                     ln.reads, ln.writes, ln.partial_write, ln.loops, nbytes=nbytes, occupancy=tr["occupancy"],
@@ -248,7 +369,7 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
     """
     buffers = buffers or {}
     allocs = allocs or {}
-    free = {e: 0.0 for e in ENGINES}
+    free = {e: 0.0 for e in ENGINES + ("cc",)}
     pipe = 0.0
     start = [0.0] * len(works)
     ready = [0.0] * len(works)
@@ -300,7 +421,7 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
                     t_issue = max(t, free["sync"]) + hw.dma_issue_hwdge
                     free["sync"] = t_issue
                     t_in = max(t_in, dma_slot(t_issue, nbytes, parts))
-            for e in ENGINES:
+            for e in free:
                 free[e] = max(free[e], t_in if e in COMPUTE_ENGINES else t)
             free["sync"] = max(free["sync"], t)
             pipe = max(pipe, t)
@@ -339,7 +460,9 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
                 if p == i or _shares_loop(works[p], w):
                     continue
                 earliest = max(earliest, ready[p])
-        if w.kind == "compute":
+        if w.kind in ("compute", "cc"):
+            # a collective runs on the collective engine (CC-cores, DMA rings): in order, beside compute and the
+            # kernel's DMA queues; only what reads its result waits for it
             s = max(free[w.engine], earliest)
             e = max(s + w.busy, end_floor)
             free[w.engine] = e
@@ -393,11 +516,16 @@ class Breakdown:
     instructions: int = 0
     latency: float = 0.0
     barrier: float = 0.0
+    cc_count: int = 0
+    cc_bytes: int = 0  # the ranks' source bytes of its collectives
 
     def add(self, w: Work, exposure: float) -> None:
         self.wall += exposure
         self.busy[w.engine] += w.busy
-        if w.kind == "dma":
+        if w.kind == "cc":
+            self.cc_count += w.count
+            self.cc_bytes += w.nbytes
+        elif w.kind == "dma":
             self.dma_ideal += w.ideal
             self.dma_occupancy += w.occupancy
             self.busy["dma"] += w.occupancy
@@ -414,9 +542,11 @@ class Breakdown:
         compute = max((self.busy.get(e, 0.0) for e in COMPUTE_ENGINES), default=0.0)
         issue = max(self.busy.get("sync", 0.0) - self.barrier, 0.0)
         overhead = max(issue, self.dma_occupancy - self.dma_ideal)
-        explained = max(compute, self.dma_occupancy, issue)
+        collective = self.busy.get("cc", 0.0)
+        explained = max(compute, self.dma_occupancy, issue, collective)
         sync = max(0.0, self.wall - explained) + self.barrier
-        return {"compute": compute, "memory": self.dma_ideal, "dma-overhead": overhead, "sync": sync}
+        return {"compute": compute, "memory": self.dma_ideal, "dma-overhead": overhead, "sync": sync,
+                "collective": collective}
 
     def bound(self) -> str:
         return classify(self.components())
@@ -426,7 +556,8 @@ class Breakdown:
         return {"wall_s": self.wall, "busy_s": {k: v for k, v in self.busy.items() if v},
                 "dma_ideal_s": self.dma_ideal, "dma_occupancy_s": self.dma_occupancy, "dma_count": self.dma_count,
                 "dma_bytes": self.dma_bytes, "hbm_read_bytes": self.hbm_read, "hbm_write_bytes": self.hbm_write,
-                "instructions": self.instructions, "components_s": comp, "bound": classify(comp)}
+                "instructions": self.instructions, "components_s": comp, "bound": classify(comp),
+                "collectives": {"count": self.cc_count, "bytes": self.cc_bytes, "seconds": self.busy.get("cc", 0.0)}}
 
 
 def classify(components: dict[str, float]) -> str:
@@ -435,7 +566,8 @@ def classify(components: dict[str, float]) -> str:
     * ``compute``: the busiest compute engine's time;
     * ``memory``: the bytes moved at the full per-core DMA bandwidth;
     * ``dma-overhead``: DMA issue time on the busiest issuing engine, or the bandwidth lost to small descriptors;
-    * ``sync``: wall time no engine explains (waiting on latencies, semaphores, dependencies) plus barriers.
+    * ``sync``: wall time no engine explains (waiting on latencies, semaphores, dependencies) plus barriers;
+    * ``collective``: time on the collective engine (``nki.collectives``).
     """
     if not any(components.values()):
         return "none"

@@ -41,6 +41,7 @@ class KernelLine:
     loops: tuple[int, ...]  # ids (line numbers) of the enclosing for-loops, outermost first
     sites: list[dict[str, Any]] = field(default_factory=list)  # profile sites on this line (as dicts)
     dmas: list[dict[str, Any]] = field(default_factory=list)  # profile DMA aggregates on this line
+    file: str = ""  # the source file of the line (a kernel may span several files)
 
     @property
     def count(self) -> int:
@@ -225,7 +226,10 @@ class KernelView:
     buffers: dict[str, str]
     allocs: dict[int, list]
     filename: str
-    unmatched_sites: int = 0  # profile sites whose line is not a nisa call of the source (helper files)
+    unmatched_sites: int = 0  # profile sites of the kernel file whose line is not a nisa call of the source
+    #: file -> instructions the profile counted in *other* files (helpers the kernel calls); not in ``lines`` --
+    #: see :func:`file_lines` / :func:`view_from_trace` for kernels that span several files
+    other_files: dict[str, int] = field(default_factory=dict)
 
     def regions(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -249,10 +253,14 @@ def build_view(source: str, profile: Any, filename: str | None = None, kernel: s
             files[s["file"]] += s["count"]
         filename = max(files, key=files.get) if files else ""
     lines, buffers, allocs = parse_source(source, kernel)
+    for ln in lines:
+        ln.file = filename
     by_line: dict[int, KernelLine] = {ln.line: ln for ln in lines}
     unmatched = 0
+    other: dict[str, int] = defaultdict(int)
     for s in sites:
         if s["file"] != filename:
+            other[s["file"]] += s["count"]
             continue
         ln = by_line.get(s["line"])
         if ln is None:
@@ -281,4 +289,93 @@ def build_view(source: str, profile: Any, filename: str | None = None, kernel: s
         ln.index = i
     if unmatched:
         log.info("%d profile sites of %s are not nisa calls of the kernel source", unmatched, filename)
-    return KernelView(executed, buffers, dict(new_allocs), filename, unmatched)
+    if other:
+        log.warning(
+            "the kernel ran %d instructions from %d other file(s) (%s); this line view covers %s only -- use "
+            "kernelview.file_lines or view_from_trace (run with trace=True) for a kernel split across files",
+            sum(other.values()), len(other), ", ".join(sorted(other)[:3]), filename,
+        )
+    return KernelView(executed, buffers, dict(new_allocs), filename, unmatched, dict(other))
+
+
+# ---- kernels split across several files --------------------------------------------------------------------------
+@dataclass
+class FileLine:
+    """Everything the profile counted on one source line of any file (engine instructions and DMAs)."""
+
+    file: str
+    line: int
+    opcodes: list[str]
+    engines: list[str]
+    count: int = 0
+    elements: int = 0
+    dma_count: int = 0
+    dma_bytes: int = 0
+    text: str = ""
+
+
+def file_lines(profile: Any) -> list[FileLine]:
+    """Per ``(file, line)`` totals over **every** file of the profile (a kernel calling helpers in other modules),
+    with the source text from ``linecache``; ordered by file then line."""
+    import linecache
+
+    prof = profile if isinstance(profile, dict) else profile.to_dict()
+    out: dict[tuple[str, int], FileLine] = {}
+    for s in (_as_dict(x) for x in prof.get("sites", [])):
+        fl = out.setdefault((s["file"], s["line"]), FileLine(s["file"], s["line"], [], []))
+        fl.count += s["count"]
+        fl.elements += s["elements"]
+        if s["opcode"] not in fl.opcodes:
+            fl.opcodes.append(s["opcode"])
+        if s["engine"] not in fl.engines:
+            fl.engines.append(s["engine"])
+    for d in (_as_dict(x) for x in prof.get("dmas", [])):
+        fl = out.setdefault((d["file"], d["line"]), FileLine(d["file"], d["line"], [d["opcode"]], ["dma"]))
+        fl.dma_count += d["count"]
+        fl.dma_bytes += d["bytes"]
+    for fl in out.values():
+        fl.text = linecache.getline(fl.file, fl.line).strip()
+    return [out[k] for k in sorted(out)]
+
+
+_EVENT_FIELDS = ("file", "line", "opcode", "engine", "partitions", "free", "dtype", "name", "inputs", "reads",
+                 "writes", "partial", "buffers", "dma", "layer")
+
+
+def view_from_trace(events: Iterable[Any], filename: str = "<trace>") -> KernelView:
+    """A :class:`KernelView` with one line per traced instruction (``nkisim.run(trace=True)``), in program order.
+
+    For kernels the line view cannot describe -- loops over layers, helpers in other files, tensors passed between
+    functions -- the trace is the program: each event's reads/writes are the storages it touched (so dependencies
+    are real, across files and functions), its file and line attribute it, and ``layer`` is the traced layer
+    variable. Regions are the instruction's ``name=`` key when it follows fusegraph's ``L<i>.<x>.<y>`` naming,
+    else the file's base name."""
+    import os
+
+    lines: list[KernelLine] = []
+    buffers: dict[str, str] = {}
+    for ev in events:
+        e = ev if isinstance(ev, dict) else {k: getattr(ev, k) for k in _EVENT_FIELDS}
+        for key, buf in e.get("buffers") or ():
+            buffers.setdefault(key, buf)
+        region, layer = region_of(e.get("name") or "")
+        if region == "prologue":
+            region = os.path.basename(e["file"])
+        if e.get("layer") is not None:
+            layer = e["layer"]
+        by_arg: dict[str, list[str]] = defaultdict(list)
+        for arg, dtype in e.get("inputs") or ():
+            if dtype not in by_arg[arg]:
+                by_arg[arg].append(dtype)
+        site = {"file": e["file"], "line": e["line"], "opcode": e["opcode"], "engine": e["engine"], "count": 1,
+                "elements": e["partitions"] * e["free"], "max_partitions": e["partitions"], "max_free": e["free"],
+                "dtypes": [e["dtype"]], "names": [e["name"]] if e.get("name") else [], "input_dtypes": dict(by_arg)}
+        dmas = []
+        if e.get("dma"):
+            dmas = [{**e["dma"], "file": e["file"], "line": e["line"], "opcode": e["opcode"], "count": 1,
+                     "bytes_per_partition": e["dma"]["bytes"] // max(1, e["dma"]["partitions"]),
+                     "max_bytes": e["dma"]["bytes"]}]
+        lines.append(KernelLine(len(lines), e["line"], e["opcode"], e.get("name") or "", region, layer,
+                                tuple(e["reads"]), tuple(e["writes"]), bool(e.get("partial")), (), [site], dmas,
+                                e["file"]))
+    return KernelView(lines, buffers, {}, filename)

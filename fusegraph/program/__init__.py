@@ -1,4 +1,7 @@
-"""The program IR (a networkx DiGraph of a whole decode step) and how it is built from ATen graphs."""
+"""The program IR (a networkx DiGraph of a whole decode step), how it is built from ATen graphs, and the
+executors' records of how its graphs ran (``execution``)."""
+from .execution import ExecutionRecord, IslandRun, KernelInfo, RegionRun
 from .ir import CapturedGraph, GraphBreak, InputKind, Link, Program, ProgramInput, Ref
 
-__all__ = ["CapturedGraph", "GraphBreak", "InputKind", "Link", "Program", "ProgramInput", "Ref"]
+__all__ = ["CapturedGraph", "ExecutionRecord", "GraphBreak", "InputKind", "IslandRun", "KernelInfo", "Link",
+           "Program", "ProgramInput", "Ref", "RegionRun"]

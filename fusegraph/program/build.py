@@ -4,15 +4,16 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
 
+from .distributed import Collective, collective_arguments, is_functional_collective, is_wait, mesh_info, resolve_group
 from .ir import CapturedGraph, InputKind, Program, ProgramInput, Ref
 from .sources import layer_index, parse_source, relative_path, stack_path
-from .state import convert_state_writes
+from .state import convert_state_writes, order_collectives
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,8 @@ def add_graph(
     inputs: list[ProgramInput] = []
     outputs: list = []
     root = outermost_module(gm)
+    shards = gm.meta.get("fusegraph_local_shards")  # DTensor inputs lowered over their local shard
+    shard_inputs = shards.inputs if shards is not None else {}
     for pos, n in enumerate(gm.graph.nodes):
         nid = node_id(graph_index, n.name)
         shape, dtype = value_meta(n.meta.get("val"))
@@ -150,6 +153,7 @@ def add_graph(
                 module=relative_path(info.path, root) if info else None,
                 shape=shape,
                 dtype=dtype,
+                sharding=shard_inputs[len(inputs)].sharding if len(inputs) in shard_inputs else None,
             )
             inputs.append(pin)
             G.add_node(
@@ -157,6 +161,11 @@ def add_graph(
                 input_kind=kind, source=pin.source, module=pin.module, position=pin.position,
                 layer=layer_index(pin.module), frame_path=info.path if info else None,
             )
+            if pin.sharding is not None:
+                G.nodes[nid]["sharding"] = pin.sharding
+            mesh = _device_mesh(n.meta.get("val"))
+            if mesh is not None:
+                G.nodes[nid]["device_mesh"] = mesh
         elif n.op == "call_function":
             args, c1 = _convert_arg(n.args, graph_index)
             kwargs, c2 = _convert_arg(dict(n.kwargs), graph_index)
@@ -170,6 +179,14 @@ def add_graph(
             )
             for i, a in enumerate(n.all_input_nodes):
                 G.add_edge(node_id(graph_index, a.name), nid)
+            if is_functional_collective(n.target):
+                G.nodes[nid]["collective"] = _collective(n, graph_index)
+            elif is_wait(n.target) and n.args and isinstance(n.args[0], fx.Node):
+                src = node_id(graph_index, n.args[0].name)
+                G.nodes[nid]["collective_wait"] = src
+                c = G.nodes[src].get("collective")
+                if c is not None and c.wait is None:
+                    G.nodes[src]["collective"] = replace(c, wait=nid)
         elif n.op == "output":
             outs, _ = _convert_arg(n.args[0], graph_index)
             flat = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -193,6 +210,7 @@ def add_graph(
         gm=gm,
     )
     captured.state_writes = convert_state_writes(program, captured)
+    order_collectives(program, captured)
     program.graphs.append(captured)
     renumber(program)
     return captured
@@ -200,6 +218,36 @@ def add_graph(
 
 def _constant(value: Any) -> Any:
     return value
+
+
+def _collective(n: fx.Node, graph_index: int) -> Collective:
+    """The :class:`~.distributed.Collective` of a functional collective op node: what it communicates, over which
+    process group (resolved to its global ranks when this process knows it)."""
+    named = collective_arguments(n.target, n.args, n.kwargs)
+    tensors = [node_id(graph_index, a.name) for a in n.all_input_nodes]
+    info = resolve_group(str(named.get("group_name")))
+    size = named.get("group_size")
+    extra: dict[str, Any] = {}
+    for k, v in named.items():
+        if k in ("input", "inputs", "self", "group_name", "reduce_op", "group_size"):
+            continue
+        if isinstance(v, fx.Node) or isinstance(v, (list, tuple)) and any(isinstance(x, fx.Node) for x in v):
+            continue
+        extra[k] = list(v) if isinstance(v, (list, tuple)) else v
+    packet = getattr(n.target, "overloadpacket", n.target)
+    return Collective(op=getattr(packet, "__name__", str(n.target)), group=info, inputs=tuple(tensors),
+                      reduce_op=named.get("reduce_op"), group_size=int(size) if isinstance(size, int) else info.size,
+                      extra=extra)
+
+
+def _device_mesh(val: Any) -> Any:
+    """A DeviceMesh graph input (dynamo passes the mesh an HF TP hook closes over): its plain data."""
+    import sys
+
+    cls = getattr(sys.modules.get("torch.distributed.device_mesh"), "DeviceMesh", None)
+    if isinstance(cls, type) and isinstance(val, cls):
+        return mesh_info(val)
+    return None
 
 
 def renumber(program: Program) -> None:

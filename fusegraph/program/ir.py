@@ -22,6 +22,14 @@ checks), ``module`` (source module path like ``model.layers.3.self_attn.q_proj``
 ``G['cache'].layers[0].keys``), ``module`` (the parameter path, e.g. ``model.layers.0.mlp.gate.weight``), and
 ``position`` (placeholder index). Edges point from producer to consumer; ``arg`` on an edge names the argument
 positions. Extra edges with ``hazard=True`` order readers of a state value before the in-place write of it.
+
+Tensor parallelism (:mod:`.distributed`, ``docs/tp.md``): an input that was a DTensor has ``sharding`` (a
+:class:`~.distributed.Sharding`: mesh, placements, global and local shape; ``shape`` is the local shard's), a
+device-mesh input has ``device_mesh`` (a :class:`~.distributed.MeshInfo`); a functional collective op has
+``collective`` (a :class:`~.distributed.Collective`: op, reduce op, group, communicated values, its wait) and its
+``wait_tensor`` has ``collective_wait`` (the collective's node id). Collectives have side effects across ranks:
+hazard edges (``hazard=True, collective=True``) chain the collectives of one process group in program order, so
+no scheduler reorders them (every rank must issue a group's collectives in the same order).
 """
 from __future__ import annotations
 
@@ -31,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import networkx as nx
+
+from .execution import ExecutionRecord
 
 
 def value_nbytes(shape: Any, dtype: Any) -> int:
@@ -79,9 +89,11 @@ class ProgramInput:
     module: str | None
     shape: tuple[int, ...] | None
     dtype: str | None
+    #: a DTensor input: how it is sharded (``shape`` is the local shard's); see :mod:`.distributed`
+    sharding: Any = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "node": self.node,
             "position": self.position,
             "kind": self.kind.value,
@@ -90,6 +102,9 @@ class ProgramInput:
             "shape": list(self.shape) if self.shape is not None else None,
             "dtype": self.dtype,
         }
+        if self.sharding is not None:
+            d["sharding"] = self.sharding.to_dict()
+        return d
 
 
 @dataclass
@@ -158,8 +173,9 @@ class Program:
     graphs: list[CapturedGraph] = field(default_factory=list)
     links: list[Link] = field(default_factory=list)
     breaks: list[GraphBreak] = field(default_factory=list)
-    #: per graph index, what the executor did (kernel launches, who ran each region); filled at compile time
-    execution: dict[int, Any] = field(default_factory=dict)
+    #: per graph index, what the executor did (kernel launches, who ran each region), kept current while the step
+    #: runs by executors that run kernels; the fused-region report reads it
+    execution: dict[int, ExecutionRecord] = field(default_factory=dict)
 
     # ---- queries ------------------------------------------------------------------------------------------
     def find(self, graph_index: int) -> CapturedGraph | None:
@@ -184,6 +200,10 @@ class Program:
     def topo_order(self, graph_index: int | None = None) -> list[str]:
         nodes = [n for n, d in self.graph.nodes(data=True) if graph_index is None or d["graph"] == graph_index]
         return sorted(nodes, key=lambda n: self.graph.nodes[n]["order"])
+
+    def collectives(self, graph_index: int | None = None) -> list[str]:
+        """The functional collective ops (not their waits), in program order (see :mod:`.distributed`)."""
+        return [n for n in self.topo_order(graph_index) if self.graph.nodes[n].get("collective") is not None]
 
     def op_counts(self) -> Counter:
         return Counter(self.graph.nodes[n]["op"] for n in self.op_nodes())

@@ -7,6 +7,9 @@ rows into the cache in HBM directly. So the functional producer becomes its in-p
 (``index_copy_``), the ``copy_`` disappears, and every reader of the *old* value gets a hazard edge that orders it
 before the write. Where that is impossible (a reader of the old value depends on the write) the ``copy_`` stays
 as an explicit state-write node.
+
+Collectives are the other side effect of a step (tensor parallelism, ``docs/tp.md``): :func:`order_collectives`
+chains those of one process group with hazard edges, so they keep their program order wherever ops are moved.
 """
 from __future__ import annotations
 
@@ -105,3 +108,29 @@ def convert_state_writes(program: Program, captured: CapturedGraph) -> dict[str,
                     G.add_edge(r, cp, hazard=True)
             writes[state] = cp
     return writes
+
+
+def order_collectives(program: Program, captured: CapturedGraph) -> list[tuple[str, str]]:
+    """Chain the functional collectives of each process group in program order with hazard edges.
+
+    A collective is a side effect shared by every rank of its group: all of them must issue the group's
+    collectives in the same order, or the job deadlocks or mixes up tensors. The ATen graph only orders them by
+    data flow (two independent all-reduces could legally swap places in a topological order, differently on two
+    ranks whose kernels cover different ops), so, like state writes, each collective gets a hazard edge from the
+    previous one of its group. Returns the edges added."""
+    G = program.graph
+    gi = captured.index
+    last: dict[str, str] = {}
+    added: list[tuple[str, str]] = []
+    nodes = sorted((n for n, d in G.nodes(data=True) if d["graph"] == gi and d.get("collective") is not None),
+                   key=lambda n: G.nodes[n]["fx_pos"])
+    for n in nodes:
+        group = G.nodes[n]["collective"].group.name
+        prev = last.get(group)
+        if prev is not None and not G.has_edge(prev, n):
+            G.add_edge(prev, n, hazard=True, collective=True)
+            added.append((prev, n))
+        last[group] = n
+    if nodes:
+        log.debug("graph %d: %d collectives over %d group(s), %d ordering edges", gi, len(nodes), len(last), len(added))
+    return added

@@ -12,9 +12,14 @@ from typing import Any
 
 import networkx as nx
 
+from ..capture.session import CaptureSession
+from ..capture.summary import summarize
 from ..matching.analyze import Analysis
-from ..matching.results import _jsonable
-from ..program.ir import value_nbytes as _nbytes
+from ..matching.pattern import REGISTRY
+from ..matching.results import jsonable
+from ..program.execution import ExecutionRecord, RegionRun
+from ..program.ir import value_nbytes
+from .text import format_report
 
 
 SCHEMA = "fusegraph.report/1"
@@ -41,8 +46,6 @@ class Report:
             f.write(self.to_json())
 
     def format(self, **kwargs: Any) -> str:
-        from .text import format_report
-
         return format_report(self.data, **kwargs)
 
     def explain(self, target: str) -> list[str]:
@@ -69,7 +72,7 @@ def _breaks(a: Analysis) -> list[dict[str, Any]]:
         g = b.after_graph
         crossing = [l for l in prog.links if l.src_graph <= g < l.dst_graph]
         values = sorted({l.src_node for l in crossing})
-        nbytes = sum(_nbytes(G.nodes[v].get("shape"), G.nodes[v].get("dtype")) for v in values)
+        nbytes = sum(value_nbytes(G.nodes[v].get("shape"), G.nodes[v].get("dtype")) for v in values)
         glue_free = bool(crossing) and all(l.glue_free for l in crossing)
         spanned = [r.id for r in a.regions if g in r.graphs and (g + 1) in r.graphs]
         out.append({
@@ -88,39 +91,41 @@ def _breaks(a: Analysis) -> list[dict[str, Any]]:
     return out
 
 
+def _records(a: Analysis) -> list[ExecutionRecord]:
+    """The executors' records of the program's graphs, in graph order (none: no kernel executor ran it)."""
+    return [rec for _, rec in sorted(a.program.execution.items())]
+
+
+def _kernel_entry(rec: ExecutionRecord, run: RegionRun) -> dict[str, Any]:
+    k = run.kernel
+    return {"graph": rec.graph, "region": run.region_id, "name": k.name, "active": run.runs_kernel,
+            "cache_hit": k.cache_hit, "codegen_seconds": round(k.codegen_seconds, 3), "lines": k.lines,
+            "instructions": k.instructions, "weight_chunks": k.weight_chunks, "lnc": k.lnc,
+            "sbuf_peak_bytes": k.sbuf_peak_bytes, "sbuf_budget_bytes": k.sbuf_budget_bytes}
+
+
 def _execution(a: Analysis, regions: list[dict[str, Any]]) -> dict[str, Any]:
-    """Who ran each region and how many kernel launches a step takes (filled in by the NKI executors)."""
-    execution = getattr(a.program, "execution", {}) or {}
+    """Who ran each region and how many kernel launches a step takes (from the executors' records)."""
+    records = _records(a)
     executed_by: dict[int, str] = {}
     verification: dict[int, str] = {}
+    reruns: Counter = Counter()
     kernels: list[dict[str, Any]] = []
     llm: list[dict[str, Any]] = []
     launches = 0
-    for g, stats in sorted(execution.items()):
-        executed_by.update(getattr(stats, "executed_by", {}))
-        verification.update(getattr(stats, "verification", {}))
-        run = getattr(stats, "run", None)
-        planned = 0
-        for k, plan in enumerate(getattr(run, "plans", []) or []):
-            active = k in getattr(run, "active", ()) and not plan.disabled
-            planned += active
-            gen = plan.generated
-            kernels.append({"graph": g, "region": plan.region.id, "name": gen.name, "active": active,
-                            "cache_hit": plan.cache_hit, "codegen_seconds": round(plan.seconds, 3),
-                            "lines": gen.stats.get("lines"), "instructions": gen.stats.get("instructions"),
-                            "weight_chunks": gen.stats.get("chunks"), "lnc": gen.stats.get("lnc", 1),
-                            "sbuf_peak_bytes": gen.budget.sbuf_peak, "sbuf_budget_bytes": gen.budget.sbuf_budget})
-        islands = [i.to_dict() for i in getattr(stats, "llm", []) or []]
-        llm += [dict(i, graph=g) for i in islands]
-        planned += sum(1 for i in islands if (i.get("llm") or {}).get("accepted") and not i.get("disabled"))
-        launches += stats.launches_per_call if getattr(stats, "calls", 0) else planned
+    for rec in records:
+        executed_by.update(rec.executed_by)
+        verification.update(rec.verification)
+        reruns.update(rec.guard_reruns)
+        kernels += [_kernel_entry(rec, run) for run in rec.regions]
+        llm += [dict(i.to_dict(), graph=rec.graph) for i in rec.llm]
+        launches += rec.launches_per_call if rec.calls else rec.planned_launches()
     for r in regions:
         r["executed_by"] = executed_by.get(r["id"], "eager")
         if r["id"] in verification:
             r["verification"] = verification[r["id"]]
-        reruns = sum(getattr(st, "guard_reruns", {}).get(r["id"], 0) for st in execution.values())
-        if reruns:
-            r["steps_recomputed_eagerly"] = reruns
+        if reruns[r["id"]]:
+            r["steps_recomputed_eagerly"] = reruns[r["id"]]
     return {"kernel_launches_per_step": launches, "kernels": kernels, "llm_kernels": llm, "regions": regions}
 
 
@@ -128,21 +133,18 @@ def _ran_in_kernels(a: Analysis) -> set[str] | None:
     """Program ops that ran as part of a kernel: every op of a region whose kernel is active and not disabled
     (with its small host-side inputs, rotary tables and masks, which the region feeds the kernel by design) and
     the ops of accepted LLM-written islands; None when no kernel executor handled the step."""
-    execution = getattr(a.program, "execution", {}) or {}
-    if not execution:
+    records = _records(a)
+    if not records:
         return None
-    regions: set[int] = set()
     ran: set[str] = set()
-    for stats in execution.values():
-        run = getattr(stats, "run", None)
-        for k, plan in enumerate(getattr(run, "plans", []) or []):
-            if k in getattr(run, "active", ()) and not plan.disabled:
-                regions.add(plan.region.id)
-                ran |= set(plan.lowered.kernel_nodes)
-        for island in getattr(stats, "llm", []) or []:
-            if (island.to_dict().get("llm") or {}).get("accepted") and not island.disabled:
+    for rec in records:
+        for run in rec.regions:
+            if run.runs_kernel:
+                ran |= run.kernel_nodes | run.host_nodes
+        for island in rec.llm:
+            if island.runs_kernel:
                 ran |= set(island.nodes)
-    return ran | {n for n, r in a.region_of.items() if r in regions}
+    return ran
 
 
 def _executed(a: Analysis, ops: list[str], layer_ops: list[str], launches: int) -> dict[str, Any]:
@@ -177,7 +179,7 @@ def _int(s: str) -> int:
         return 1 << 30
 
 
-def build_report(analysis: Analysis, session: Any = None, extra: dict[str, Any] | None = None) -> Report:
+def build_report(analysis: Analysis, session: CaptureSession | None = None, extra: dict[str, Any] | None = None) -> Report:
     """The report dict of an analysis (plus the capture summary when the capture session is known)."""
     a = analysis
     G = a.program.graph
@@ -219,21 +221,17 @@ def build_report(analysis: Analysis, session: Any = None, extra: dict[str, Any] 
         "plugin_errors": _plugin_errors(),
         "debug": list(a.debug),
         "timings": {k: round(v, 4) for k, v in a.timings.items()},
-        "settings": _jsonable(a.settings.to_dict()),
+        "settings": jsonable(a.settings.to_dict()),
     }
     if "eager_segments" in executed:
         data["eager_segments"] = executed["eager_segments"]
     data.update(execution)
     if session is not None:
-        from ..inspection import summarize
-
-        data["capture"] = _jsonable(summarize(session))
+        data["capture"] = jsonable(summarize(session))
     if extra:
         data.update(extra)
     return Report(data=data, analysis=a)
 
 
 def _plugin_errors() -> dict[str, str]:
-    from ..matching.pattern import REGISTRY
-
     return dict(REGISTRY.plugin_errors)

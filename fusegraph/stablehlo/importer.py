@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from ..capture.lower import to_aten
 from .emit import Emitter, HANDLERS
 from .ir import Function, Module, Op, UnsupportedOp, Value
 from .parse import parse_module
@@ -146,8 +147,6 @@ def import_stablehlo(source: Any, *, arg_kinds: Sequence[str] | None = None,
     Raises :class:`~.ir.UnsupportedOp` naming the first op (or op form) it cannot translate.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from ..capture.lower import to_aten
 
     module = source if isinstance(source, Module) else parse_module(source)
     missing = unsupported_ops(module)

@@ -275,7 +275,7 @@ def gemma_7b_meta(layers: int = 28, max_cache_len: int = 32):
 def test_gemma_7b_full_size_builds_shape_only_within_sbuf():
     """Full-size Gemma-7B layers (2 of them: SBUF per partition is the weight ring plus the largest layer, the
     same for 28) generate one megakernel whose shape-only run stays inside trn2's SBUF budget."""
-    from fusegraph.codegen.build import build_for_target, capture_callable
+    from fusegraph.api import build_for_target, capture_callable
 
     case = gemma_7b_meta(layers=2)
     built = build_for_target(capture_callable("gemma-7b", case.step, (case.token, case.position), {}), "trn2")

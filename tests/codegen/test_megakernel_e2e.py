@@ -145,7 +145,7 @@ def test_dump_dir_and_disk_cache(tmp_path):
 
 def test_bisection_names_the_first_divergent_op(monkeypatch):
     from fusegraph.codegen import render as render_mod
-    from fusegraph.codegen.bisect import bisect_graph
+    from fusegraph.executors.bisect import bisect_graph
 
     case = build_decode("qwen3-tiny")
     step = _compile(case, verify=False)

@@ -11,6 +11,8 @@ BUILTIN = [p for p in registered_patterns() if p.source == "fusegraph"]
 @pytest.mark.parametrize("pattern", BUILTIN, ids=[p.name for p in BUILTIN])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_implementations_agree_with_reference(pattern, dtype):
+    if all(c.get("_device", "cpu") != "cpu" for i in pattern.implementations for c in (i.cases or pattern.cases)):
+        pytest.skip("traced on another device only (collectives: checked across ranks in tests/tp)")
     results = verify_pattern(pattern, dtype)
     if dtype == "float32":
         assert results, "no implementation verified"

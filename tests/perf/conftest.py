@@ -6,7 +6,7 @@ import pytest
 def tiny_perfs():
     """The full pipeline (capture -> match -> codegen -> profile -> cost model) on the tiny MoE model (cache of 64
     positions), on trn2 and trn3: one capture shared by both targets."""
-    from fusegraph.perf.analysis import ModelPerf, analyze_model
+    from fusegraph.modelperf.analysis import ModelPerf, analyze_model
 
     perfs = analyze_model("qwen3-moe-tiny", ["trn2", "trn3"], cache_len=64)
     assert all(isinstance(p, ModelPerf) for p in perfs.values()), perfs

@@ -48,7 +48,7 @@ def test_per_layer_and_region_breakdown(tiny_builds):
 
 def test_the_model_sees_kernel_structure():
     """Smaller weight chunks (more, smaller DMAs) and a shallower ring must not be modeled as faster."""
-    from fusegraph.codegen.build import build_decode_kernel
+    from fusegraph.api import build_decode_kernel
     from fusegraph.codegen.megakernel import generate
 
     from fusegraph.perf.analysis import profile_shape_only
@@ -79,7 +79,7 @@ def test_shard_overrides():
 
 
 def test_like_for_like_runs_on_the_pipeline_kernel():
-    from fusegraph.perf.analysis import analyze_model
+    from fusegraph.modelperf.analysis import analyze_model
 
     perf = analyze_model("qwen3-moe-tiny", ["trn3"], cache_len=64, like_for_like=True, per_op=False)["trn3"]
     lfl = perf.to_dict()["like_for_like"]
@@ -98,7 +98,7 @@ def test_like_for_like_runs_on_the_pipeline_kernel():
 def test_a_kernel_that_fits_no_target_is_not_run():
     """At 32768 positions the attention scratch alone is 512 KiB per partition: the pipeline refuses on every
     target, so there is nothing to model (this used to end in a BudgetError traceback)."""
-    from fusegraph.perf.analysis import NotRun, build_kernels
+    from fusegraph.modelperf.analysis import NotRun, build_kernels
 
     (nr,) = build_kernels("llama-tiny", ["trn3"], layers=1, cache_len=32768).values()
     assert isinstance(nr, NotRun) and nr.stage == "codegen" and nr.program is not None

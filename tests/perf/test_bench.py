@@ -1,6 +1,6 @@
 """The benchmark's tables for rows and like-for-like shards the pipeline refuses (no kernel, so no figures)."""
-from fusegraph.perf.analysis import NotRun
-from fusegraph.perf.bench import format_tables, not_run_row
+from fusegraph.modelperf.analysis import NotRun
+from fusegraph.modelperf.bench import format_tables, not_run_row
 
 
 def test_not_run_rows_and_shard_in_the_tables():

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from fusegraph.perf import html
+from fusegraph.modelperf import html
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ...settings import Settings
 from ..compile_context import current_fusegraph_options
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,6 @@ def fusegraph_setting(name: str) -> Any:
     opts = current_fusegraph_options()
     if opts is None:
         return None
-    from ...settings import Settings
-
     try:
         return getattr(Settings.from_options(opts), name)
     except Exception:

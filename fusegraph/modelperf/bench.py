@@ -12,8 +12,9 @@ import platform
 import time
 from typing import Any, Sequence
 
+from ..perf.progress import Progress
 from .analysis import ModelPerf, NotRun, analyze_model
-from .progress import Progress
+from .html import write_perf
 
 DEFAULT_MODELS = ("qwen3-30b-a3b", "llama3-8b")
 DEFAULT_TARGETS = ("trn2", "trn3")
@@ -216,8 +217,6 @@ def run_and_write(models: list[str], targets: list[str], *, layers: int | None =
             json.dump(result, f, indent=1, default=str)
         print(f"wrote {json_path}")
     if html_dir:
-        from .html import write_perf
-
         os.makedirs(html_dir, exist_ok=True)
         for key, perf in perfs.items():
             path = os.path.join(html_dir, f"perf-{key.replace('@', '-')}.html")

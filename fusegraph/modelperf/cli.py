@@ -3,6 +3,9 @@
 ``--model`` takes a bundled config name (``fusegraph models``) or ``module:function`` naming user code that
 returns the decode step to compile: a :class:`fusegraph.models.DecodeCase`, or ``(fn, args)`` /
 ``(fn, args, kwargs)`` with ``fn`` a callable or ``nn.Module`` and ``args`` one decode step's inputs.
+
+``fusegraph`` builds its parser from :func:`add_commands` on every start, so this module imports only the light
+cost model at its top; each command imports what captures and reports (torch, the pipeline) when it runs.
 """
 from __future__ import annotations
 
@@ -12,7 +15,11 @@ import os
 import sys
 from typing import Any
 
-from .progress import Progress
+from ..perf.analysis import profile_shape_only
+from ..perf.costmodel import estimate_kernel
+from ..perf.kernelview import build_view
+from ..perf.params import load_params
+from ..perf.progress import Progress
 
 
 def add_commands(sub: Any) -> None:
@@ -20,13 +27,23 @@ def add_commands(sub: Any) -> None:
     b = sub.add_parser("bench", help="model the decode performance of bundled models (cost model on the "
                        "interpreter profile of the kernel the pipeline builds) and compare with the published "
                        "figures; a model/target the pipeline refuses is reported as not run, with the reason")
-    b.add_argument("--models", default="qwen3-30b-a3b,llama3-8b", help="comma-separated bundled names")
-    b.add_argument("--targets", default="trn2,trn3")
+    b.add_argument("--models", default=None, help="comma-separated bundled names (default qwen3-30b-a3b,llama3-8b; "
+                   "with --against: the spec's model)")
+    b.add_argument("--targets", default=None, help="default trn2,trn3 (with --against: the spec's target)")
     b.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
     b.add_argument("--cache-len", type=int, default=640)
     b.add_argument("--json", default="bench-results/perf.json", help="where to write the JSON results")
     b.add_argument("--html-dir", default=None, help="also write one HTML report per model/target")
     b.add_argument("--no-per-op", action="store_true", help="skip the per-op baselines")
+    b.add_argument("--against", default=None, metavar="MODULE:ATTR|FILE.py[:ATTR]",
+                   help="also run a third-party NKI kernel through the same interpreter and cost model and print it "
+                   "beside fusegraph's kernel, per layer and per engine: a spec (fusegraph.perf.against.KernelSpec or "
+                   "a factory returning one, e.g. fusegraph.perf.against_specs:qwen3_megakernel), or the kernel "
+                   "itself with --against-args (docs/performance.md)")
+    b.add_argument("--against-args", default=None, metavar="MODULE:ATTR|FILE.py[:ATTR]",
+                   help="the spec of the --against kernel's arguments (shape-only)")
+    b.add_argument("--against-path", action="append", default=[], metavar="DIR",
+                   help="directory to import the --against kernel from (repeatable)")
     b.set_defaults(func=cmd_bench)
 
     k = sub.add_parser("kernel", help="print or write the generated NKI megakernel of a model's decode step")
@@ -46,15 +63,25 @@ def add_report_html_flag(parser: argparse.ArgumentParser) -> None:
 
 # ---- commands -----------------------------------------------------------------------------------------------------
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.against:
+        from .against import run_against
+
+        json_path = args.json if args.json != "bench-results/perf.json" else "bench-results/against.json"
+        run_against(args.against, args.against_args, models=args.models.split(",") if args.models else None,
+                    targets=args.targets.split(",") if args.targets else None, layers=args.layers,
+                    cache_len=args.cache_len, paths=args.against_path, json_path=json_path,
+                    progress=Progress(None))
+        return 0
     from .bench import run_and_write
 
-    run_and_write(args.models.split(","), args.targets.split(","), layers=args.layers, cache_len=args.cache_len,
-                  per_op=not args.no_per_op, json_path=args.json, html_dir=args.html_dir)
+    run_and_write((args.models or "qwen3-30b-a3b,llama3-8b").split(","), (args.targets or "trn2,trn3").split(","),
+                  layers=args.layers, cache_len=args.cache_len, per_op=not args.no_per_op, json_path=args.json,
+                  html_dir=args.html_dir)
     return 0
 
 
 def cmd_kernel(args: argparse.Namespace) -> int:
-    from fusegraph.codegen.build import build_decode_kernel
+    from ..api.kernel import build_decode_kernel
 
     progress = Progress(None)
     case_kwargs: dict[str, Any] = {}
@@ -72,11 +99,6 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(gen.source)
     if args.profile:
-        from .analysis import profile_shape_only
-        from .costmodel import estimate_kernel
-        from .kernelview import build_view
-        from .params import load_params
-
         prof = profile_shape_only(gen, args.target, progress)
         est = estimate_kernel(build_view(gen.source, prof), load_params(args.target))
         print(f"modeled on {args.target} (one core): {est.seconds * 1e3:.3f} ms per step, "

@@ -1,44 +1,26 @@
-"""The inspection API: capture a step and say what was captured (the seed of the fused-region report)."""
+"""The capture summary of a session: graphs, breaks, links, inputs by class, ATen ops (what was captured).
+
+It lives with the capture session, below everything that shows it: the capture API
+(:meth:`fusegraph.api.Capture.summary`), the fused-region report (its ``capture`` section) and the pipeline (the
+report file when the fused-region report fails).
+"""
 from __future__ import annotations
 
-import math
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-import torch
-
-from .capture.session import CaptureSession, explicit_session, last_session
-from .program import InputKind, Program
-from .program.ir import value_nbytes as _nbytes
-from .settings import Settings
-
-
-@dataclass
-class Capture:
-    """The result of :func:`capture_step`: the linked program of one step, how it was captured, and its outputs."""
-
-    program: Program
-    session: CaptureSession
-    outputs: Any = None
-    extra: dict = field(default_factory=dict)
-
-    def summary(self) -> dict[str, Any]:
-        return summarize(self.session)
-
-    def format(self) -> str:
-        return format_summary(self.summary())
-
-
+from ..program import InputKind
+from ..program.ir import value_nbytes
+from .session import CaptureSession
 
 
 def summarize(session: CaptureSession) -> dict[str, Any]:
+    """The session's latest program summarized as a plain dict (the report's ``capture`` section)."""
     prog = session.program
     kinds: dict[str, dict[str, int]] = {}
     for inp in prog.inputs():
         k = kinds.setdefault(inp.kind.value, {"count": 0, "bytes": 0})
         k["count"] += 1
-        k["bytes"] += _nbytes(inp.shape, inp.dtype) if inp.kind != InputKind.SCALAR else 0
+        k["bytes"] += value_nbytes(inp.shape, inp.dtype) if inp.kind != InputKind.SCALAR else 0
     ops = prog.op_counts()
     reuse = session.current_layer_traces()
     return {
@@ -67,6 +49,7 @@ def _reuse_note(reuse: Mapping[str, int] | None) -> str:
 
 
 def format_summary(s: Mapping[str, Any]) -> str:
+    """:func:`summarize`'s dict as the text ``fusegraph report`` prints above the fused-region report."""
     lines = [f"captured {len(s['graphs'])} graph(s), {s['op_count']} ATen ops, {s['layers']} decoder layers, "
              f"compile {s['compile_seconds']:.2f} s"
              + _reuse_note(s.get("layer_calls_reusing_traces"))]
@@ -96,27 +79,3 @@ def format_summary(s: Mapping[str, Any]) -> str:
     if len(top) > 25:
         lines.append(f"  ... {len(top) - 25} more op types")
     return "\n".join(lines)
-
-
-def capture_step(fn: Callable | torch.nn.Module, *args: Any, options: Mapping[str, Any] | None = None,
-            **kwargs: Any) -> Capture:
-    """Compile ``fn`` with the fusegraph backend, run it once on the inputs, and return what was captured.
-
-    Runs under ``torch.no_grad()`` (fusegraph fuses inference steps) and resets dynamo's cache first so the
-    capture is fresh even if ``fn`` was compiled before.
-    """
-    from .backend import fusegraph_backend
-
-    settings = Settings.from_options(options)
-    session = CaptureSession(settings=settings, name="capture")
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=fusegraph_backend, options=dict(options or {}) or None, dynamic=False)
-    with explicit_session(session), torch.no_grad():
-        out = compiled(*args, **kwargs)
-    return Capture(program=session.program, session=session, outputs=out, extra={"compiled": compiled})
-
-
-def last_capture() -> Capture | None:
-    """What the backend captured most recently (for code that called ``torch.compile`` itself)."""
-    s = last_session()
-    return Capture(program=s.program, session=s) if s else None

@@ -17,8 +17,9 @@ import re
 from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
-from .costmodel import ENGINE_LABELS
-from .graphsvg import color_for, render_graph
+from ..perf.costmodel import ENGINE_LABELS
+from ..perf.graphsvg import color_for, render_graph
+from ..report.model import build_report
 
 ENGINE_ORDER = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma")
 ENGINE_COLORS = {"tensor": "#4e79a7", "vector": "#59a14f", "scalar": "#f28e2b", "gpsimd": "#b07aa1",
@@ -361,7 +362,7 @@ def _params_section(params: Sequence[Mapping[str, Any]]) -> str:
 
 def render(*, title: str, perf: Mapping[str, Any] | None = None, program: Any = None, analysis: Any = None,
            report: Mapping[str, Any] | None = None, source: str | None = None, max_layers: int = 2) -> str:
-    """The report as one HTML string. ``perf``: :meth:`fusegraph.perf.analysis.ModelPerf.to_dict`;
+    """The report as one HTML string. ``perf``: :meth:`fusegraph.modelperf.analysis.ModelPerf.to_dict`;
     ``report``: the matcher's report dict; ``source``: the kernel source (for the top-lines table)."""
     parts = [f"<h1>{_e(title)}</h1>"]
     if perf:
@@ -427,19 +428,17 @@ def write(path: str, **kw: Any) -> str:
 
 
 def matcher_report(analysis: Any) -> dict[str, Any] | None:
-    """The matcher's report dict for ``analysis`` (None when the report package is unavailable)."""
+    """The matcher's report dict for ``analysis`` (None when it cannot be built)."""
     if analysis is None:
         return None
     try:
-        from fusegraph.report.model import build_report
-
         return build_report(analysis).data
     except Exception:  # noqa: BLE001 - the HTML still renders without the region tables
         return None
 
 
 def render_perf(perf: Any, title: str | None = None, max_layers: int = 2) -> str:
-    """The HTML report of a :class:`fusegraph.perf.analysis.ModelPerf`."""
+    """The HTML report of a :class:`fusegraph.modelperf.analysis.ModelPerf`."""
     b = perf.build
     return render(title=title or f"fusegraph: {perf.model} decode step on {perf.target}", perf=perf.to_dict(),
                   program=perf.program, analysis=b.analysis, report=matcher_report(b.analysis),

@@ -1,0 +1,200 @@
+"""Linear (+ bias): weights stationary (128x128 blocks), tokens moving, PSUM accumulation over K chunks.
+
+A fused projection whose output is only read through feature ranges (Phi-3's ``qkv[..., :q_size]``, ``gate_up``
+chunks, GPT-NeoX's per-head QKV) becomes one projection per piece over those weight rows (``ArgSource.rows``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from .. import ir
+from .. import weights as W
+from ..emitters import Context, Emitted, aten, expr, inst_name, linear_chunks, linear_pieces, nbytes
+from ..errors import CodegenError
+from ..layout import Layout
+from ..lowering import Lowerer, preserves_order
+from ..registry import register_lowering
+from ..render import nl_dtype
+from ._common import x_tokens
+
+
+@dataclass
+class Linear(ir.Instruction):
+    """out = x @ W.T (+ b), W in HBM already laid out for the kernel (see :mod:`..weights`)."""
+
+    opcode: ClassVar[str] = "linear"
+    x: ir.Value
+    weight: ir.Value
+    out: ir.Value
+    bias: ir.Value | None = None
+
+    def arg_specs(self, layouts: dict[str, Layout], add: ir.AddSpec) -> None:
+        li, lo = layouts[self.x.name], layouts[self.out.name]
+        add(self.weight, f"linear:{li}:{lo}", lambda t, li=li, lo=lo: W.linear(t, li, lo))
+        add(self.bias, f"bias:{lo}", lambda t, lo=lo: W.per_feature(t, lo), torch.float32)
+
+    def emit(self, ctx: Context, i: int) -> Emitted:
+        li, lo = ctx.layout(self.x), ctx.layout(self.out)
+        T = ctx.tokens
+        N, K = self.out.features, self.x.features
+        e = Emitted(sbuf=lo.FT * T * nbytes(self.out.dtype))
+        name = inst_name(self)
+        out = ctx.var(self.out)
+        half = ctx.split(lo.FT)
+        nt_here = half or lo.FT
+        base = expr("exprs.j2", "core_base", half=half)
+        e.code("linear_open.j2", module=self.module or "", aten=aten(self), N=N, K=K, out=out, Pn=lo.P, NT=lo.FT, T=T,
+               dtype=nl_dtype(self.out.dtype), name=name,
+               nchunks=len(linear_chunks(nt_here, li.FT * lo.P * nbytes(self.weight.dtype), ctx.chunk_bytes))
+               * (2 if half else 1))
+        w = ctx.var(self.weight)
+        bias = None
+        if self.bias is not None:
+            # not a ring chunk: every weight chunk of this linear reads it, while the ring moves on
+            shape, dt = ctx.shape(self.bias), ctx.kdtype(self.bias)
+            bias = f"{out}_bias"
+            e.code("dma_chunk.j2", var=bias, shape=shape, dtype=nl_dtype(dt), src=ctx.var(self.bias), name=f"{name}.b")
+            e.sbuf += shape[-1] * nbytes(dt)
+
+        def src(n0: int, n1: int) -> str:
+            return expr("exprs.j2", "weight_chunks", w=w, n0=n0, n1=n1, base=base, half=half)
+
+        linear_pieces(e, name=name, x=ctx.var(self.x), tok=":", out=out, w_hbm=w, w_src=src, Pk=li.P, KT=li.FT,
+                      Pn=lo.P, NT=nt_here, T=T, wdtype=self.weight.dtype, chunk_bytes=ctx.chunk_bytes, earliest=0,
+                      index=i, bias=bias, base=base)
+        if half and self.out.name not in ctx.store_only:
+            e.code("lnc_exchange.j2", what=f"{self.module or 'linear'} output chunks", x=out, half=half, name=name)
+        return e
+
+    def reference(self, env: dict[str, torch.Tensor]) -> None:
+        bias = env[self.bias.name] if self.bias is not None else None
+        env[self.out.name] = F.linear(env[self.x.name], env[self.weight.name], bias).reshape(self.out.shape)
+
+    def shard(self) -> ir.Shard:
+        return ir.Shard(("column", "row"), "column-parallel into a per-core activation (QKV, gate/up), row-parallel "
+                        "out of one with an all-reduce (o_proj, down); lm_head column-parallel")
+
+
+@register_lowering("linear", tokens=x_tokens, instructions=[Linear])
+def lower_linear(L: Lowerer, m: Any) -> None:
+    x = L.act(L.input(m, "x"), L.views(m, "x"))
+    pieces = _feature_pieces(L, L.output(m))
+    if pieces:  # fused QKV / gate_up read only through feature slices: one projection per slice
+        w_node, b_node = L.input(m, "weight"), m.inputs.get("bias")
+        for node, rows in pieces:
+            w = L.hbm_rows(w_node, rows)
+            b = L.hbm_rows(b_node, rows) if b_node else None
+            out = L.new_act(node, L.label(m, f"f{rows[0][0]}"))
+            L.emit(Linear(x=x, weight=w, out=out, bias=b), m)
+        return
+    w = L.hbm(L.input(m, "weight"))
+    b = L.hbm(m.inputs["bias"]) if m.inputs.get("bias") else None
+    out = L.new_act(L.output(m), L.label(m))
+    if w.shape != (out.features, x.features):
+        raise CodegenError(f"linear weight {w.shape} does not map {x.features} -> {out.features} features")
+    L.emit(Linear(x=x, weight=w, out=out, bias=b), m)
+
+
+def _feature_pieces(L: Lowerer, out: str) -> list[tuple[str, tuple[tuple[int, int], ...]]] | None:
+    """``[(node, row ranges)]`` when every reader of a projection's output takes some of its features (HF fused
+    projections: Phi-3's ``qkv[..., :q_size]``, ``gate_up.chunk(2, dim=-1)``, GPT-NeoX's per-head
+    ``qkv.view(..., heads, 3 * head_dim).transpose(1, 2).chunk(3, dim=-1)``); else None.
+
+    Each piece then becomes its own projection over those weight rows: the same bytes are read once, and no
+    on-chip value has to be cut at a feature offset that is not a multiple of the partition count.
+    """
+    d = L.node(out)
+    shape = d.get("shape")
+    if not isinstance(shape, tuple) or len(shape) < 2:
+        return None
+    F_ = L.features(out)
+    if shape[-1] != F_:  # the match's output is already viewed per head ([..., heads, E]; views fold together)
+        return _unmatched_pieces(L, _grouped_pieces(L, out, shape)) if shape[-2] * shape[-1] == F_ else None
+    pieces: list[tuple[str, tuple[tuple[int, int], ...]]] = []
+    for s in _data_succ(L, out):
+        c = L.node(s)
+        cshape = c.get("shape")
+        if (c.get("op") in _RESHAPES and isinstance(cshape, tuple) and len(cshape) == len(shape) + 1
+                and tuple(cshape[:len(shape) - 1]) == tuple(shape[:-1]) and cshape[-2] * cshape[-1] == F_):
+            grouped = _grouped_pieces(L, s, cshape)
+            if grouped is None:
+                return None
+            pieces += grouped
+            continue
+        ranges = _last_dim_ranges(L, out, shape, only=s)
+        if ranges is None:
+            return None
+        pieces += [(n, ((a, b),)) for n, (a, b) in ranges]
+    return _unmatched_pieces(L, pieces)
+
+
+def _unmatched_pieces(L: Lowerer, pieces: list | None) -> list | None:
+    """Pieces only when the slicing is layout glue: a slice some pattern matched (partial rotary's
+    ``x[..., :R]``) needs the whole projection output as its input."""
+    if not pieces or any(b <= a for _, rows in pieces for a, b in rows):
+        return None
+    return None if any(n in L.matched_nodes for n, _ in pieces) else pieces
+
+
+def _grouped_pieces(L: Lowerer, node: str, shape: tuple) -> list[tuple[str, tuple[tuple[int, int], ...]]] | None:
+    """Pieces of a projection output viewed as ``[..., groups, E]`` and split along E: each piece's rows repeat
+    per group (GPT-NeoX's per-head fused QKV)."""
+    groups, E = shape[-2], shape[-1]
+    src, sshape = node, shape
+    while True:  # through transposes that keep the element order (decode: the sequence dim is 1)
+        nxt = _data_succ(L, src)
+        t = L.node(nxt[0]) if len(nxt) == 1 else {}
+        if (t.get("op") not in ("aten.transpose.int", "aten.permute.default")
+                or not isinstance(t.get("shape"), tuple) or t["shape"][-1] != E
+                or not preserves_order(L.G, nxt[0], src)):
+            break
+        src, sshape = nxt[0], t["shape"]
+    inner = _last_dim_ranges(L, src, sshape)
+    if not inner:
+        return None
+    return [(n, tuple((g * E + a, g * E + b) for g in range(groups))) for n, (a, b) in inner]
+
+
+_RESHAPES = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
+
+
+def _data_succ(L: Lowerer, n: str) -> list[str]:
+    return [s for s in L.G.successors(n) if not L.G.edges[n, s].get("hazard")]
+
+
+def _last_dim_ranges(L: Lowerer, src: str, shape: tuple,
+                     only: str | None = None) -> list[tuple[str, tuple[int, int]]] | None:
+    """The last-dim ranges the readers of ``src`` take (slices, split/chunk + getitem); None if a reader does
+    anything else."""
+    F_, last = shape[-1], len(shape) - 1
+    found: list[tuple[str, tuple[int, int]]] = []
+    for s in ([only] if only else _data_succ(L, src)):
+        c = L.node(s)
+        op, args = c.get("op"), c.get("args", ())
+        if op == "aten.slice.Tensor":
+            dim = args[1] if len(args) > 1 else 0
+            start = args[2] if len(args) > 2 and args[2] is not None else 0
+            stop = args[3] if len(args) > 3 and args[3] is not None else F_
+            step = args[4] if len(args) > 4 else 1
+            if dim % len(shape) != last or step != 1 or not isinstance(start, int) or not isinstance(stop, int):
+                return None
+            found.append((s, (max(0, start), min(stop, F_))))
+        elif op in ("aten.split.Tensor", "aten.split_with_sizes.default"):
+            dim = args[2] if len(args) > 2 else 0
+            if dim % len(shape) != last:
+                return None
+            sizes = list(args[1]) if op.endswith("sizes.default") else [args[1]] * -(-F_ // args[1])
+            bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+            for g in _data_succ(L, s):
+                gd = L.node(g)
+                if gd.get("op") != "getitem":
+                    return None
+                i = gd["args"][1]
+                found.append((g, (bounds[i], min(bounds[i + 1], F_))))
+        else:
+            return None
+    return found

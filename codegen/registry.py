@@ -1,0 +1,264 @@
+"""The lowering registry: which function lowers a pattern's matches to kernel instructions, by template name.
+
+A pattern names a ``template`` (``register_pattern(..., template="rmsnorm")``); a *lowering* registered for that
+name turns each match into instructions (:class:`~.lowering.Lowerer` is its API). Built-in ops register here
+exactly like a plugin does, from their own module in :mod:`fusegraph.codegen.ops`::
+
+    @fusegraph.register_lowering("l2norm", template_dir=Path(__file__).parent / "templates")
+    def lower(L, m):
+        x = L.act(L.input(m, "x"), L.views(m, "x"))
+        L.emit(L2Norm(x=x, weight=L.hbm(L.input(m, "weight")), out=L.new_act(L.output(m), L.label(m))), m)
+
+Options: ``host_side=True`` (the matches stay on the eager path and feed the kernel as per-step inputs: rotary
+tables, masks, cache positions), ``tokens=fn(match, graph)`` (how a match sizes the decode step: tokens per
+step, or None), ``check=fn(match, graph, tokens)`` (a cheap, match-local lowerability test run at region
+formation: True/None accepts, a string refuses with that reason), ``template_dir`` (Jinja2 templates of the
+op, added to the search path), ``instructions`` (the instruction classes it emits, for tooling).
+
+A template without a lowering is lowered *generically* (its traced body: elementwise chains, feature reductions,
+LayerNorm without affine) when every op of the match is supported; :func:`check` is the hook region formation
+calls (``analyze(program, settings, lowerable=check)``) so a match that cannot be lowered is refused there, with
+its reason, instead of sending its whole region to the eager path at codegen time.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .errors import CodegenError
+
+log = logging.getLogger(__name__)
+
+CheckResult = bool | str | None
+
+
+@dataclass
+class Lowering:
+    """One registered lowering (see the module docstring)."""
+
+    templates: tuple[str, ...]
+    lower: Callable[[Any, Any], None]
+    host_side: bool = False
+    tokens: Callable[[Any, Any], int | None] | None = None
+    check: Callable[[Any, Any, int | None], CheckResult] | None = None
+    instructions: tuple[type, ...] = ()
+    template_dir: Path | None = None
+    source: str = ""  # the module that registered it
+
+    def refusal(self, match: Any, graph: Any, tokens: int | None) -> str | None:
+        """Why this lowering cannot take ``match`` (None: it can, as far as a match-local check tells)."""
+        if self.check is None:
+            return None
+        result = self.check(match, graph, tokens)
+        if result is True or result is None:
+            return None
+        return str(result) if result is not False else f"{self.source} refuses this match"
+
+
+_LOCK = threading.RLock()
+_LOWERINGS: dict[str, Lowering] = {}
+_INSTRUCTIONS: dict[str, type] = {}
+_BUILTINS_LOADED = False
+
+
+def ensure_builtins() -> None:
+    """Import the built-in ops (each module registers itself); idempotent."""
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    with _LOCK:
+        if not _BUILTINS_LOADED:
+            _BUILTINS_LOADED = True
+            from . import ops  # noqa: F401  (registration)
+
+
+def register_lowering(*templates: str, host_side: bool = False,
+                      tokens: Callable[[Any, Any], int | None] | None = None,
+                      check: Callable[[Any, Any, int | None], CheckResult] | None = None,
+                      template_dir: str | Path | None = None, instructions: Iterable[type] = (),
+                      replace: bool = False) -> Callable[[Callable], Callable]:
+    """Decorator: register ``lower(L, match)`` for the pattern templates ``templates`` (see the module doc).
+
+    A template already lowered by another module is kept (one warning) unless ``replace=True``; the same module
+    registering again (a plugin re-imported) replaces its own entry. Returns the function unchanged, so several
+    decorators may stack on one function (with different ``tokens``/``check`` per template)."""
+    if not templates:
+        raise TypeError("register_lowering needs at least one template name")
+    if template_dir is not None:
+        add_template_dir(template_dir)
+    classes = tuple(instructions)
+
+    def deco(fn: Callable) -> Callable:
+        source = getattr(fn, "__module__", "") or ""
+        entry = Lowering(templates=tuple(templates), lower=fn, host_side=host_side, tokens=tokens, check=check,
+                         instructions=classes, template_dir=Path(template_dir) if template_dir else None,
+                         source=source)
+        with _LOCK:
+            for t in templates:
+                old = _LOWERINGS.get(t)
+                if old is not None and old.source != source and not replace:
+                    from fusegraph.warnings import warn
+
+                    warn(f"lowering of template {t!r} from {source} ignored: {old.source} already lowers it "
+                         "(pass replace=True to override)")
+                    continue
+                _LOWERINGS[t] = entry
+                log.debug("registered lowering %s (%s)", t, source)
+            for cls in classes:
+                register_instruction(cls)
+        return fn
+
+    return deco
+
+
+def register_instruction(cls: type) -> type:
+    """Record an instruction class by name (``ir.<Name>`` resolves it; tooling lists every op). Decorator."""
+    with _LOCK:
+        _INSTRUCTIONS[cls.__name__] = cls
+    return cls
+
+
+def unregister_lowering(template: str) -> Lowering | None:
+    """Forget the lowering of ``template`` (and its instruction classes once no template uses it)."""
+    with _LOCK:
+        low = _LOWERINGS.pop(template, None)
+        if low is not None and all(other is not low for other in _LOWERINGS.values()):
+            for cls in low.instructions:
+                if _INSTRUCTIONS.get(cls.__name__) is cls:
+                    del _INSTRUCTIONS[cls.__name__]
+        return low
+
+
+def lowering_for(template: str) -> Lowering | None:
+    """The lowering registered for ``template`` (None: the match is lowered generically, if it can be)."""
+    ensure_builtins()
+    return _LOWERINGS.get(template)
+
+
+def lowerings() -> dict[str, Lowering]:
+    """Template name -> lowering, for every registered template."""
+    ensure_builtins()
+    with _LOCK:
+        return dict(_LOWERINGS)
+
+
+def instruction_class(name: str) -> type | None:
+    ensure_builtins()
+    return _INSTRUCTIONS.get(name)
+
+
+def instruction_classes() -> dict[str, type]:
+    ensure_builtins()
+    with _LOCK:
+        return dict(_INSTRUCTIONS)
+
+
+def is_host_side(template: str) -> bool:
+    """Do matches of ``template`` stay on the eager path by design (rotary tables, masks, positions)?"""
+    low = lowering_for(template)
+    return bool(low and low.host_side)
+
+
+def host_side_templates() -> set[str]:
+    return {t for t, low in lowerings().items() if low.host_side}
+
+
+def supported_templates() -> set[str]:
+    return set(lowerings())
+
+
+def step_tokens(matches: Iterable[Any], graph: Any) -> int:
+    """Tokens per step (the batch of a decode step), from the first match whose lowering sizes it (``tokens=``; a
+    match lowered from its body: its first activation input); raises :class:`CodegenError` when none does or the
+    step is not a one-position decode step."""
+    from .ops.generic import body_tokens
+
+    matches = list(matches)
+    for m in matches:
+        low = lowering_for(m.pattern.template)
+        sizer = body_tokens if low is None else low.tokens  # a match lowered from its body sizes it from its input
+        t = sizer(m, graph) if sizer is not None else None
+        if t is not None:
+            return int(t)
+    names = ", ".join(sorted({m.pattern.name.split(".")[-1] for m in matches}))
+    raise CodegenError(f"a fragment without an embedding, norm or projection to size the decode step from "
+                       f"({names}) is not lowered")
+
+
+# ---- the lowerability hook region formation calls -----------------------------------------------------------
+_TOKENS_HINT: "weakref.WeakKeyDictionary[Any, tuple[int, int | None]]" = weakref.WeakKeyDictionary()
+
+
+def tokens_hint(graph: Any) -> int | None:
+    """The decode step's tokens as far as the graph alone tells (an embedding's ``[B, 1]`` indices), for
+    match-local checks before any region exists; None when it does not tell."""
+    size = graph.number_of_nodes()
+    cached = _TOKENS_HINT.get(graph)
+    if cached is not None and cached[0] == size:
+        return cached[1]
+    found: int | None = None
+    for _, d in graph.nodes(data=True):
+        if d.get("op") == "aten.embedding.default":
+            idx = d["args"][1] if len(d.get("args", ())) > 1 else None
+            shape = graph.nodes[idx.node].get("shape") if hasattr(idx, "node") else None
+            if isinstance(shape, tuple) and len(shape) == 2 and int(shape[1]) == 1:
+                found = int(shape[0])
+            break
+    _TOKENS_HINT[graph] = (size, found)
+    return found
+
+
+def check(match: Any, program: Any) -> str | None:
+    """The lowerability hook for ``analyze(..., lowerable=check)``: None when codegen can lower ``match``, else
+    why not. A registered lowering answers with its own ``check``; a template nobody lowers is accepted when its
+    body can be lowered generically."""
+    graph = program.graph
+    low = lowering_for(match.pattern.template)
+    tokens = tokens_hint(graph)
+    if low is not None:
+        try:
+            return low.refusal(match, graph, tokens)
+        except Exception as e:  # noqa: BLE001 - a buggy plugin check refuses its match, it does not break analysis
+            from fusegraph.warnings import one_line
+
+            return f"the lowering's check raised {one_line(e)}"
+    from .ops.generic import body_refusal
+
+    why = body_refusal(match, graph, tokens)
+    if why is None:
+        return None
+    return (f"no lowering is registered for template {match.pattern.template!r} and its body cannot be lowered "
+            f"generically: {why}")
+
+
+def add_template_dir(path: str | Path) -> None:
+    """Add a directory of Jinja2 templates to the search path (built-in directories are searched first)."""
+    from .render import add_template_dir as _add
+
+    _add(Path(path))
+
+
+def lowering_sources() -> list[Path]:
+    """Source files of every registered lowering and instruction outside this package (plugins): part of the
+    kernel cache key, so a plugin's code change invalidates its cached kernels."""
+    here = Path(__file__).resolve().parent
+    files: set[Path] = set()
+    for obj in [low.lower for low in lowerings().values()] + list(instruction_classes().values()):
+        try:
+            f = inspect.getsourcefile(obj)
+        except (TypeError, OSError):
+            f = None
+        if f and here not in Path(f).resolve().parents:
+            files.add(Path(f).resolve())
+    return sorted(files)
+
+
+__all__ = ["Lowering", "add_template_dir", "check", "ensure_builtins", "host_side_templates", "instruction_class",
+           "instruction_classes", "is_host_side", "lowering_for", "lowering_sources", "lowerings",
+           "register_instruction", "register_lowering", "step_tokens", "supported_templates", "tokens_hint",
+           "unregister_lowering"]

@@ -1,0 +1,75 @@
+"""``fusegraph bench --against``: a third-party kernel beside the kernel the pipeline builds for the same model.
+
+Loading, running and costing the third-party kernel is the cost model's (:mod:`fusegraph.perf.against`);
+fusegraph's side is built through :mod:`fusegraph.api`, so the comparison sits above the API.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Sequence
+
+from ..perf.against import (Side, collective_figures, compare, cost_spec, format_comparison, line_figures,
+                            load_spec, per_layer_figures)
+from ..perf.analysis import model_config, shard_overrides
+from ..perf.costmodel import estimate_kernel
+from ..perf.params import load_params
+from .analysis import NotRun, build_kernel
+
+log = logging.getLogger(__name__)
+
+
+def cost_generated(model: str, target: str, *, layers: int | None, cache_len: int, shard: tuple[int, int] | None,
+                   regions: Sequence[str] | None = None, progress: Any = None) -> Side | str:
+    """fusegraph's kernel for ``model`` (one core's shard of ``shard`` = (tp, lnc) when given), costed; a string
+    with the reason where the pipeline builds none."""
+    overrides = None
+    label = f"fusegraph {model}"
+    if shard:
+        cores = shard[0] * shard[1]
+        overrides = shard_overrides(model_config(model), cores)
+        label += f" (one core of TP={shard[0]} x LNC={shard[1]})"
+    b = build_kernel(model, target, layers=layers, cache_len=cache_len, overrides=overrides, progress=progress)
+    if isinstance(b, NotRun):
+        return f"not run: {b.reason}"
+    est = estimate_kernel(b.view, load_params(target), label=label)
+    n_layers = len(b.generated.program.layers())
+    per, attributed = per_layer_figures(est, n_layers, regions)
+    files = [b.view.filename] * len(b.view.lines)
+    return Side(label, est, n_layers, attributed, per, collective_figures(est, n_layers),
+                line_figures(est, files, [ln.line for ln in b.view.lines]),
+                {"instructions": b.profile.get("instructions", 0), "hbm_read_bytes": b.profile.get("hbm_read_bytes", 0),
+                 "regions": list(regions) if regions else None, "cache_len": cache_len})
+
+
+def run_against(ref: str, args_ref: str | None = None, *, models: Sequence[str] | None = None,
+                targets: Sequence[str] | None = None, layers: int | None = None, cache_len: int = 640,
+                paths: Sequence[str] = (), json_path: str | None = None, progress: Any = None) -> list[dict[str, Any]]:
+    """Cost the spec's kernel and fusegraph's kernel of each model/target; print the tables, write the JSON."""
+    spec = load_spec(ref, args_ref, layers=layers, paths=paths)
+    theirs = cost_spec(spec)
+    models = list(models or ([spec.model] if spec.model else []))
+    targets = list(targets or [spec.target])
+    results = []
+    for model in models or [None]:
+        for target in targets:
+            if target != spec.target:
+                log.warning("the spec runs its kernel on %s; fusegraph's side is built for %s", spec.target, target)
+            ours: Side | str = "no fusegraph model given (--models or the spec's model)"
+            if model:
+                ours = cost_generated(model, target, layers=layers, cache_len=spec.cache_len or cache_len,
+                                      shard=spec.shard, regions=spec.generated_regions, progress=progress)
+            res = {"model": model, "target": target, "shard": spec.shard, "layer_var": spec.layer_var,
+                   "notes": spec.notes, "theirs": theirs.to_dict(),
+                   "fusegraph": ours.to_dict() if isinstance(ours, Side) else ours,
+                   "comparison": compare(ours, theirs)}
+            print(format_comparison(res))
+            print()
+            results.append(res)
+    if json_path:
+        os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump({"against": spec.name, "results": results}, f, indent=1, default=str)
+        print(f"wrote {json_path}")
+    return results

@@ -1,0 +1,267 @@
+"""One torchrun rank of the tensor-parallel tests (``tests/tp``): run a TP model's decode step compiled with fusegraph
+next to the same TP model run eagerly, and write what each rank saw to ``<out>/rank<N>.json``.
+
+Usage (by :mod:`tp_harness`): ``python -m torch.distributed.run --nproc-per-node N tp_worker.py '<json spec>'``.
+The spec names the case (``kind``: ``hf`` for a checkpoint loaded with ``DistributedConfig(tp_plan="auto")``,
+``block`` for torch's own ``parallelize_module`` on a small attention + MLP block), the executor and the number
+of steps. Any exception fails the rank and so torchrun; the harness kills the whole process group at its deadline.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from collections import Counter
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _collectives(program: Any) -> list[dict]:
+    G = program.graph
+    out = []
+    for n in program.collectives():
+        d = G.nodes[n]
+        c = d["collective"]
+        out.append({"node": n, "op": c.op, "reduce_op": c.reduce_op, "group": c.group.to_dict(),
+                    "group_size": c.group_size, "module": d.get("module"), "layer": d.get("layer"),
+                    "shape": list(d["shape"]) if d.get("shape") else None, "wait": c.wait,
+                    "inputs": [list(G.nodes[i]["shape"]) for i in c.inputs]})
+    return out
+
+
+def _program_facts(program: Any) -> dict:
+    from fusegraph.matching import analyze
+    from fusegraph.matching.verify import verify_match
+
+    G = program.graph
+    hazards = [(u, v) for u, v, e in G.edges(data=True) if e.get("collective")]
+    analysis = analyze(program)
+    facts: dict[str, Any] = {
+        "collectives": _collectives(program),
+        "collective_hazards": [[u, v] for u, v in hazards],
+        "sharded_inputs": [p.to_dict() for p in program.inputs() if p.sharding is not None],
+        "mesh_inputs": [n for n, d in G.nodes(data=True) if d.get("device_mesh") is not None],
+        "pattern_counts": dict(sorted(Counter(m.pattern.name for m in analysis.matches).items())),
+        "collective_matches": [{"pattern": m.pattern.name, "variant": m.variant, "module": m.module,
+                                "params": {k: v for k, v in m.params.items() if k != "ranks"},
+                                "ranks": list(m.params.get("ranks") or [])}
+                               for m in analysis.matches if m.pattern.template in ("all_reduce", "all_gather")],
+        "regions": [{"id": r.id, "kind": r.kind, "ops": r.op_count, "layers": list(r.layers)}
+                    for r in analysis.regions],
+        "unmatched": sorted({u.op for u in analysis.unmatched}),
+        "unmatched_detail": [u.to_dict() for u in analysis.unmatched],
+    }
+    # every collective match recomputed with the pattern's reference, i.e. the real collective on this job's
+    # group, from the values of one eager run of the program (every rank runs the same collectives in the same
+    # order: the program's, then the matches')
+    values, before = _program_values(program)
+    facts["verify"] = [{"match": r.variant, "err": r.max_abs_err, "ok": bool(r.ok)}
+                       for r in (verify_match(m, values, before) for m in analysis.matches
+                                 if m.pattern.template in ("all_reduce", "all_gather"))]
+    facts["verify_bad"] = []
+    for m in analysis.matches:
+        if m.pattern.template in ("all_reduce", "all_gather"):
+            continue
+        try:
+            r = verify_match(m, values, before)
+        except NotImplementedError:  # a generic piece: verified against its own ATen ops by codegen
+            continue
+        if not r.ok:
+            facts["verify_bad"].append(r.variant)
+    return facts
+
+
+def _program_values(program: Any) -> tuple[dict, dict]:
+    """Every node's value in one eager run of the (one-graph) program on seeded inputs."""
+    from fusegraph.executors.eager import build_plan, run_plan
+
+    g = torch.Generator().manual_seed(1)
+    env: dict = {}
+    gi = program.graphs[-1].index
+    for pin in program.captured(gi).inputs:
+        if pin.dtype is None:
+            env[pin.node] = None  # the device mesh (read by no ATen op)
+            continue
+        dt = getattr(torch, pin.dtype)
+        if dt.is_floating_point:
+            env[pin.node] = (torch.randn(pin.shape, generator=g) * 0.5).to(dt)
+        elif pin.shape == ():
+            env[pin.node] = torch.tensor(5, dtype=dt)
+        else:
+            env[pin.node] = torch.zeros(pin.shape, dtype=dt)
+    before = {k: v.clone() for k, v in env.items() if isinstance(v, torch.Tensor)}
+    run_plan(build_plan(program, program.topo_order(gi)), env)
+    return env, before
+
+
+def _stats(program: Any) -> dict:
+    """What the executor did per graph; for NKI kernels also whether any kernel covers a collective node (none
+    may: codegen has no collective lowering yet, so collectives must stay on the eager path between kernels)."""
+    out = {}
+    collectives = set(program.collectives())
+    for gi, st in program.execution.items():
+        run = getattr(st, "run", None)
+        kernels = [{"label": p.label, "disabled": bool(p.disabled),
+                    "collectives": sorted(collectives & set(p.lowered.kernel_nodes))}
+                   for p in getattr(run, "plans", [])]
+        # the execution record of the executors being reworked (program/execution.py): one entry per region
+        kernels += [{"label": f"region {rr.region_id}", "disabled": bool(rr.disabled),
+                     "collectives": sorted(collectives & set(rr.kernel_nodes))} for rr in getattr(st, "regions", [])]
+        out[str(gi)] = {"executed_by": {str(k): v for k, v in getattr(st, "executed_by", {}).items()},
+                        "verification": {str(k): v for k, v in getattr(st, "verification", {}).items()},
+                        "launches_per_call": getattr(st, "launches_per_call", None), "kernels": kernels}
+    return out
+
+
+def _hf(spec: dict, rank: int) -> dict:
+    import transformers
+    from transformers import StaticCache
+    from transformers.distributed import DistributedConfig
+
+    import fusegraph
+
+    dtype = getattr(torch, spec.get("dtype", "float32"))
+    kw = {"attn_implementation": spec.get("attn", "eager")}
+    if spec.get("experts"):
+        kw["experts_implementation"] = spec["experts"]
+    cls = getattr(transformers, spec["family"] + "ForCausalLM")
+    tp = DistributedConfig(tp_plan=spec.get("tp_plan", "auto"))  # a dict overrides single rules of the model's plan
+    model = cls.from_pretrained(spec["dir"], distributed_config=tp, dtype=dtype, **kw).eval()
+
+    def prefilled() -> tuple[Any, torch.Tensor]:
+        cache = StaticCache(config=model.config, max_cache_len=32)
+        torch.manual_seed(0)  # the same prompt on every rank (and in the single-process reference)
+        prompt = torch.randint(0, model.config.vocab_size, (spec.get("batch", 1), 8))
+        with torch.no_grad():
+            logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
+        return cache, logits[:, -1].argmax(-1, keepdim=True)
+
+    (cache_c, tok), (cache_e, _) = prefilled(), prefilled()
+
+    def step(cache):
+        return lambda t, p: model(input_ids=t, cache=cache, position_ids=p, use_cache=True).logits
+
+    options = {"executor": spec.get("executor", "eager"), "cache_dir": "off", **spec.get("options", {})}
+    compiled = torch.compile(step(cache_c), backend="fusegraph", options=options)
+    eager = step(cache_e)
+    res: dict[str, Any] = {"tokens_compiled": [], "tokens_eager": [], "logits_compiled": [], "logits_eager": [],
+                           "same_type": [], "prefill_token": tok.reshape(-1).tolist()}
+    tc, te = tok, tok
+    pos = torch.full((tok.shape[0], 1), 8)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(spec.get("steps", 3)):
+            a, b = compiled(tc, pos), eager(te, pos)
+            res["same_type"].append(type(a) is type(b) is torch.Tensor)
+            res["logits_compiled"].append(a[:, -1].float().reshape(-1).tolist())
+            res["logits_eager"].append(b[:, -1].float().reshape(-1).tolist())
+            tc, te, pos = a[:, -1].argmax(-1, keepdim=True), b[:, -1].argmax(-1, keepdim=True), pos + 1
+            res["tokens_compiled"].append(tc.reshape(-1).tolist())
+            res["tokens_eager"].append(te.reshape(-1).tolist())
+    res["warnings"] = [str(w.message) for w in caught if issubclass(w.category, fusegraph.FusegraphWarning)]
+    res["kv_equal"] = all(torch.equal(lc.keys, le.keys) and torch.equal(lc.values, le.values)
+                          for lc, le in zip(cache_c.layers, cache_e.layers))
+    res["kv_max_diff"] = max(max((lc.keys - le.keys).abs().max().item(), (lc.values - le.values).abs().max().item())
+                             for lc, le in zip(cache_c.layers, cache_e.layers))
+    res["kv_local_shape"] = list(cache_c.layers[0].keys.shape)
+    res["sharded_weight"] = type(model.model.layers[0].self_attn.q_proj.weight).__name__
+    cap = fusegraph.last_capture()
+    res["graphs"] = len(cap.program.graphs)
+    res["summary"] = cap.format()  # the capture summary and the region report work on a TP program
+    from fusegraph.report import report_for_session
+
+    report = json.loads(json.dumps(report_for_session(cap.session).to_dict(), default=str))
+    res["report_regions"] = len(report["regions"])
+    res["refusals"] = [str(r.reason) for r in getattr(cap.session, "refusals", [])] if hasattr(cap, "session") else []
+    res["executed"] = _stats(cap.program)
+    if cap.program.graphs:
+        res.update(_program_facts(cap.program))
+    return res
+
+
+class Block(torch.nn.Module):
+    """A decoder-like block for ``parallelize_module``: RMSNorm, q/k/v (colwise), attention over the local heads,
+    o (rowwise), RMSNorm, gate/up (colwise), SiLU gate, down (rowwise), residual adds."""
+
+    def __init__(self, hidden: int = 64, heads: int = 4, inter: int = 128):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.norm1 = torch.nn.RMSNorm(hidden, eps=1e-6)
+        self.q_proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.k_proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.v_proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.o_proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.norm2 = torch.nn.RMSNorm(hidden, eps=1e-6)
+        self.gate_proj = torch.nn.Linear(hidden, inter, bias=False)
+        self.up_proj = torch.nn.Linear(hidden, inter, bias=False)
+        self.down_proj = torch.nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = self.norm1(x)
+        q, k, v = (p(h).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        att = torch.softmax(q @ k.transpose(-1, -2) * self.head_dim ** -0.5, dim=-1) @ v  # local heads only
+        x = x + self.o_proj(att.transpose(1, 2).reshape(b, s, -1))
+        h = self.norm2(x)
+        return x + self.down_proj(torch.nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+def _block(spec: dict, rank: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    import fusegraph
+
+    torch.manual_seed(0)
+    block = Block()
+    single = Block()
+    single.load_state_dict(block.state_dict())
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    plan = {"q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(), "v_proj": ColwiseParallel(),
+            "o_proj": RowwiseParallel(), "gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(),
+            "down_proj": RowwiseParallel()}
+    parallelize_module(block, mesh, plan)
+    torch.manual_seed(1)
+    x = torch.randn(1, 3, 64)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        out = torch.compile(block, backend="fusegraph", options={"executor": spec.get("executor", "eager"),
+                                                                 "cache_dir": "off"})(x)
+        ref = block(x)
+        ref_single = single(x)
+    cap = fusegraph.last_capture()
+    res = {"type": type(out).__name__, "equal_tp_eager": bool(torch.equal(out, ref)),
+           "max_diff_tp_eager": (out - ref).abs().max().item(),
+           "max_diff_single": (out - ref_single).abs().max().item(),
+           "warnings": [str(w.message) for w in caught if issubclass(w.category, fusegraph.FusegraphWarning)],
+           "sharded_weight": type(block.q_proj.weight).__name__}
+    res.update(_program_facts(cap.program))
+    return res
+
+
+def main(spec: dict) -> None:
+    """Run each case of ``spec["cases"]`` (one torchrun launch for several cases: starting ranks is the slow
+    part); case ``name`` writes ``<out>/<name>.rank<N>.json``."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=spec.get("collective_timeout_s", 60)))
+    rank = dist.get_rank()
+    try:
+        for case in spec["cases"]:
+            torch._dynamo.reset()
+            res = _hf(case, rank) if case["kind"] == "hf" else _block(case, rank)
+            res["rank"] = rank
+            res["world_size"] = dist.get_world_size()
+            Path(spec["out"], f"{case['name']}.rank{rank}.json").write_text(json.dumps(res, default=str))
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main(json.loads(sys.argv[1]))

@@ -190,7 +190,24 @@ class FusedFunction:
     # ---- run ------------------------------------------------------------------------------------------------
     def _inputs(self, c: Compiled, leaves: list) -> list[torch.Tensor]:
         out = []
+        whole: dict[int, torch.Tensor] = {}  # a split state argument, converted once for all its parts
         for pos, spec in enumerate(c.imported.inputs):
+            if spec.experts:  # keras-hub's expert weights in HF's layout, converted once per array
+                from ..stablehlo.importer import experts_weight
+
+                srcs = [leaves[spec.arg]] + ([leaves[spec.experts[1]]] if spec.experts[0] == "gate_up" else [])
+                cached = c.weights.get(pos)
+                if cached is None or cached[0] != tuple(id(x) for x in srcs):
+                    cached = (tuple(id(x) for x in srcs), srcs, experts_weight(
+                        spec, *[to_torch(x, spec.dtype) for x in srcs]))
+                    c.weights[pos] = cached
+                out.append(cached[2])
+                continue
+            if spec.part is not None:
+                if spec.arg not in whole:
+                    whole[spec.arg] = to_torch(leaves[spec.arg], spec.dtype)
+                out.append(spec.take(whole[spec.arg]))
+                continue
             if spec.arg is None:
                 out.append(spec.value)
                 continue
@@ -216,7 +233,7 @@ class FusedFunction:
             expected = self._jax_jit(donate=False)(*args)  # before ours: nothing donated is touched by JAX
         with torch.no_grad():
             outs = c.runner(self._inputs(c, leaves))
-        results = [to_jax(t, o.dtype) for t, o in zip(outs, c.imported.outputs)]
+        results = [to_jax(t, o.dtype) for t, o in zip(c.imported.results(outs), c.imported.outputs)]
         if expected is not None:
             problems = _compare(results, jax.tree_util.tree_leaves(expected), c.imported.outputs, self.settings)
             c.verified = True

@@ -19,10 +19,10 @@ import torch
 import torch.fx.traceback as fx_traceback
 import torch.nn.functional as F
 
-from . import idioms
+from . import idioms, layout_idioms, stacked
 from .ir import Function, Module, Op, UnsupportedOp, Value, module_path
-from .values import (Bcast, Reduced, Splat, Transposed, elementwise_operand, elementwise_operands, materialize,
-                     python_scalar, torch_dtype)
+from .values import (Bcast, ExpertWeight, Reduced, Splat, Stacked, Transposed, bcast_source, elementwise_operand,
+                     elementwise_operands, materialize, permuted, python_scalar, torch_dtype)
 
 Handler = Callable[["Emitter", Op, list], list]
 HANDLERS: dict[str, Handler] = {}
@@ -49,6 +49,9 @@ class Emitter:
         self.module = module
         self.buffers = buffers or {}  # id(constant op) -> the program input holding that constant
         self._values: dict[int, Any] = {}  # the environment of the function being run (for idioms)
+        #: keras-hub rotary-table ops: id(op) -> (key, RopeTable, folded inv_freq input); see importer
+        self.tables: dict[int, tuple] = {}
+        self._table_memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---- running functions -------------------------------------------------------------------------------
     def run(self, fn: Function, args: Sequence[Any], scope: str | None = None, source: str | None = None) -> list:
@@ -181,6 +184,10 @@ def _broadcast_in_dim(em: Emitter, op: Op, vals: list) -> Any:
         return Splat(src.value, src.dtype, _shape(op))
     if isinstance(src, Bcast):
         return Bcast(src.src, _shape(op), tuple(dims[d] for d in src.dims))
+    if isinstance(src, Stacked):
+        out = stacked.broadcast(src, _shape(op), dims)
+        if out is not None:
+            return out
     return Bcast(src, _shape(op), dims)
 
 
@@ -190,6 +197,10 @@ def _reshape(em: Emitter, op: Op, vals: list) -> Any:
     s = _splat(src)
     if s is not None:
         return Splat(s.value, s.dtype, _shape(op))
+    if isinstance(src, Stacked):
+        out = stacked.reshape(src, _shape(op))
+        if out is not None:
+            return out
     t = materialize(src)
     return t if tuple(t.shape) == _shape(op) else t.reshape(_shape(op))
 
@@ -201,6 +212,8 @@ def _transpose(em: Emitter, op: Op, vals: list) -> Any:
     s = _splat(src)
     if s is not None:
         return Splat(s.value, s.dtype, _shape(op))
+    if isinstance(src, Stacked):
+        return stacked.transpose(src, perm)
     if isinstance(src, Transposed) and perm == [1, 0] and len(src.t.shape) == len(perm) and \
             (src.shape is None or len(src.shape) == 2):
         return src.t
@@ -233,8 +246,12 @@ def _slice(em: Emitter, op: Op, vals: list) -> Any:
     s = _splat(src)
     if s is not None:
         return Splat(s.value, s.dtype, _shape(op))
-    t = materialize(src)
     starts, limits, strides = op.attrs["start_indices"], op.attrs["limit_indices"], op.attrs["strides"]
+    if isinstance(src, Stacked):
+        out = stacked.slice_(src, starts, limits, strides)
+        if out is not None:
+            return out
+    t = materialize(src)
     index: list = []
     for size, a, b, st in zip(t.shape, starts, limits, strides):
         if (a, b, st) == (0, size, 1):
@@ -257,6 +274,10 @@ def _concatenate(em: Emitter, op: Op, vals: list) -> Any:
     splats = [_splat(v) for v in vals]
     if all(splats) and len({(s.value, s.dtype) for s in splats}) == 1:
         return Splat(splats[0].value, splats[0].dtype, _shape(op))
+    if all(isinstance(v, Stacked) for v in vals):
+        out = stacked.concatenate(vals, dim)
+        if out is not None:
+            return out
     parts = [materialize(v) for v in vals]
     return torch.cat(parts, dim=dim - _rank(op))
 
@@ -315,6 +336,12 @@ def _binary(em: Emitter, op: Op, vals: list) -> Any:
         x = idioms.sigmoid_of(op.result)
         if x is not None:  # 1 / (1 + exp(-x))
             return _fit(op, torch.sigmoid(materialize(_value_of(em, op, x))))
+    if name == "stablehlo.add":
+        found = layout_idioms.rope_of(op)
+        if found is not None:
+            out = _rope(em, op, *found)
+            if out is not None:
+                return out
     if name == "stablehlo.multiply":
         x = idioms.silu_of(op)
         if x is not None:
@@ -350,6 +377,131 @@ def _binary(em: Emitter, op: Op, vals: list) -> Any:
     if name == "stablehlo.remainder":
         return _fit(op, torch.fmod(a, b))
     return _fit(op, torch.atan2(a, b if isinstance(b, torch.Tensor) else _scalar_tensor(b, op)))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """HF's ``rotate_half``, written as the rope pattern writes it."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+HF_HEADS = (0, 2, 1, 3)  # logical [B, T, H, D] (Keras) = storage [B, H, T, D] (HF) .permute(HF_HEADS)
+
+
+def _heads_first(v: Any) -> torch.Tensor:
+    """A ``[B, T, H, D]`` value as HF's ``[B, H, T, D]`` tensor (``x.transpose(1, 2)``, or the split value's
+    storage when it already is that)."""
+    if isinstance(v, Stacked) and not v.stack_dims and tuple(v.perm) == HF_HEADS:
+        return v.parts[()]
+    return materialize(v).transpose(1, 2)
+
+
+def _per_token(v: Any) -> torch.Tensor | None:
+    """A cos/sin table ``[B, T, 1 (broadcast over heads), D]`` as HF's ``[B, 1, T, D]``; ``None`` if it differs
+    per head."""
+    if _splat(v) is not None:
+        return None
+    keep = bcast_source(v) if isinstance(v, Bcast) else materialize(v)
+    if keep.dim() != 4 or keep.shape[2] != 1:
+        return None
+    return keep.transpose(1, 2)
+
+
+def _rope(em: Emitter, op: Op, x: Value, cos: Value, sin: Value) -> Stacked | None:
+    """Keras's RoPE on ``[B, T, H, D]`` as HF's ``x * cos + rotate_half(x) * sin`` on ``[B, H, T, D]`` (the
+    same elementwise arithmetic, per element, in another layout); the result stays in HF's layout."""
+    env = em_values(em)
+    c, s = _per_token(env[id(cos)]), _per_token(env[id(sin)])
+    if c is None or s is None:
+        return None
+    xh = _heads_first(env[id(x)])
+    b, _, t, d = xh.shape
+    for table in (c, s):
+        if table.shape[0] not in (1, b) or table.shape[2] not in (1, t) or table.shape[3] != d:
+            return None
+    if tuple(c.shape) != (b, 1, t, d):  # Keras's tables are shared by the batch ([1, 1, T, D]): HF's are per row
+        c = c.expand(b, 1, t, d)
+    if tuple(s.shape) != (b, 1, t, d):
+        s = s.expand(b, 1, t, d)
+    out = (xh * c) + (_rotate_half(xh) * s)
+    return Stacked({(): out}, _shape(op), (), HF_HEADS)
+
+
+def _arrange(v: Any, labels: list[str], wanted: list[str]) -> torch.Tensor | None:
+    """A value whose dims carry ``labels`` as a tensor with the ``wanted`` dims in that order (size-1 ``U`` dims
+    dropped); a split value's storage is used as is when it already has that order."""
+    if isinstance(v, Stacked) and len(v.parts) == 1:
+        if any(not labels[d].startswith("U") for d in v.stack_dims):
+            return None
+        (t,) = v.parts.values()
+        plabels = [lab for d, lab in enumerate(labels) if d not in v.stack_dims]
+        tl = [""] * len(plabels)
+        for i, p in enumerate(v.perm):
+            tl[p] = plabels[i]
+    else:
+        t = materialize(v)
+        tl = list(labels)
+    if any(lab not in wanted and not lab.startswith("U") for lab in tl):
+        return None
+    if any(lab.startswith("U") for lab in tl):
+        if any(t.shape[i] != 1 for i, lab in enumerate(tl) if lab.startswith("U")):
+            return None
+        t = t.reshape([n for n, lab in zip(t.shape, tl) if not lab.startswith("U")])
+        tl = [lab for lab in tl if not lab.startswith("U")]
+    pos = layout_idioms.label_positions(tl, wanted)
+    return None if pos is None else permuted(t, tuple(pos))
+
+
+def _repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """HF's ``repeat_kv``, written as the decode_attention pattern writes it."""
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def _attention(em: Emitter, op: Op, a: layout_idioms.Attention) -> Stacked | None:
+    """jax.nn.dot_product_attention (Keras's) as HF's eager decode attention: ``repeat_kv``, ``q @ k^T * scale +
+    mask``, ``softmax(fp32)``, ``@ v``, in ``[B, H, T, D]``. The boolean mask becomes the additive ``where(mask,
+    0, fill)``: the same scores where it attends; where it does not, ``s + fill`` and ``fill`` (-2.4e38 from
+    JAX, -1e9 from ``keras.layers.Softmax``) both give ``exp(. - max) == 0`` exactly as long as |s| < 1e8 and one
+    position attends (a decode step always attends to its own position), so the probabilities are the same
+    (Keras's second ``where`` that zeroes masked probabilities changes nothing then). The result stays in HF's
+    layout (a split value)."""
+    env = em_values(em)
+    kl = layout_idioms.KV_LABELS
+    q = _arrange(env[id(a.q)], a.q_labels, ["B", "H", "T", "D"])
+    k = _arrange(env[id(a.k)], kl, ["B", "H", "L", "D"])
+    v = _arrange(env[id(a.v)], kl, ["B", "H", "L", "D"])
+    if q is None or k is None or v is None or q.dtype != _dtype(op) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return None
+    if torch_dtype(a.score_dtype) != q.dtype:  # HF computes the scores in q's dtype (Keras: f32 for bf16 q/k)
+        return None
+    if not math.isfinite(a.fill) or a.fill > -1e9 or id(a.pred) not in env:
+        return None
+    pv = env[id(a.pred)]
+    if _splat(pv) is not None:
+        return None
+    keep = bcast_source(pv) if isinstance(pv, Bcast) else materialize(pv)
+    if keep.dtype != torch.bool or any(keep.shape[d] != 1 for d, lab in enumerate(a.mask_labels)
+                                       if lab == "H" or lab.startswith("U")):
+        return None
+    m = _arrange(keep, [("U" if lab == "H" else lab) for lab in a.mask_labels], ["B", "T", "L"])
+    if m is None:
+        return None
+    mask = torch.where(m, torch.zeros((), dtype=q.dtype), torch.full((), a.fill, dtype=q.dtype))[:, None]
+    key_states = _repeat_kv(k, a.groups)
+    value_states = _repeat_kv(v, a.groups)
+    attn_weights = torch.matmul(q, key_states.transpose(2, 3)) * a.scale
+    attn_weights = attn_weights + mask
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(attn_weights, value_states)
+    sd = tuple(d for d, lab in enumerate(a.out_labels) if lab.startswith("U"))
+    plabels = [lab for lab in a.out_labels if not lab.startswith("U")]
+    perm = tuple(["B", "H", "T", "D"].index(lab) for lab in plabels)
+    return Stacked({(0,) * len(sd): out}, _shape(op), sd, perm)
 
 
 def _value_of(em: Emitter, op: Op, v: Value) -> torch.Tensor:
@@ -395,9 +547,31 @@ _UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def _rope_table(em: Emitter, op: Op) -> Any:
+    """keras-hub's rotary table as HF's (the rope_tables pattern): ``freqs = pos[..., None].float() * inv_freq``
+    with ``pos = arange(T) + start`` (Keras adds them in f32: the same values below 2**24), ``cat(freqs, freqs)``,
+    ``cos``/``sin`` (``* 1.0``: HF's ``attention_scaling``). Tables with the same inputs are computed once."""
+    key, table, inv_freq = em.tables[id(op)]
+    memo = em._table_memo.get(key)
+    if memo is None:
+        start = em_values(em)[id(table.start)]
+        s = _splat(start)
+        start_t = int(s.value) if s is not None else materialize(start).to(torch.int64)
+        position_ids = (torch.arange(table.tokens, dtype=torch.int64) + start_t).unsqueeze(0)
+        freqs = position_ids[..., None].float() * inv_freq.to(dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * 1.0
+        sin = emb.sin() * 1.0
+        memo = em._table_memo[key] = (cos.to(dtype=torch.float32), sin.to(dtype=torch.float32))
+    out = memo[0] if op.name == "stablehlo.cosine" else memo[1]
+    return out if tuple(table.dims) == tuple(range(len(_shape(op)))) else Bcast(out, _shape(op), table.dims)
+
+
 @handles(*_UNARY, "stablehlo.not")
 def _unary(em: Emitter, op: Op, vals: list) -> Any:
     (src,) = vals
+    if id(op) in em.tables:
+        return _rope_table(em, op)
     s = _splat(src)
     if s is not None and op.name == "stablehlo.negate":
         return _fold(op, np.negative, s)
@@ -454,6 +628,11 @@ _IDENTITY = {"sum": 0, "prod": 1, "all": True, "any": False}
 @handles("stablehlo.reduce")
 def _reduce(em: Emitter, op: Op, vals: list) -> Any:
     kind = idioms.reduce_kind(op)
+    if kind == "sum" and tuple(op.attrs["dimensions"]) == (0,):
+        experts = layout_idioms.dense_experts_of(em.module, op)
+        out = _dense_experts(em, op, experts) if experts is not None else None
+        if out is not None:
+            return out
     if kind is None:
         found = _argmax(em, op, vals)
         if found is not None:
@@ -475,6 +654,37 @@ def _reduce(em: Emitter, op: Op, vals: list) -> Any:
                                                     -2 ** 31, 2 ** 31 - 1)):
         init_value = None  # -inf / +inf (or the int extremes): the reduction's identity
     return Reduced(kind, t, dims, init_value, _shape(op))
+
+
+def _dense_experts(em: Emitter, op: Op, e: layout_idioms.DenseExperts) -> torch.Tensor | None:
+    """keras-hub's dense experts (every expert on every token, routing weights 0 for the others) as HF's top-k
+    ``batched_mm`` experts: the chosen experts' ``down(silu(gate x) * up x)`` weighted by the top-k weights and
+    summed. The same value: an expert that is not chosen adds ``0 * y`` (an exact zero for finite ``y``), and
+    with top-2 the two remaining terms are summed once (in either order: exact). Only for top-k <= 2."""
+    env = em_values(em)
+    gate, down = env.get(id(e.gate)), env.get(id(e.down))
+    if not (isinstance(gate, ExpertWeight) and isinstance(down, ExpertWeight)) or gate.kind != "gate" or \
+            down.kind != "down":
+        return None
+    x = materialize(env[id(e.x)])
+    indices, weights = materialize(env[id(e.indices)]), materialize(env[id(e.weights)])
+    if indices.shape[-1] > 2 or indices.dtype != torch.int64 or weights.dtype != x.dtype or \
+            x.dtype != gate.t.dtype or x.dtype != _dtype(op):
+        return None
+    gate_up_proj, down_proj = gate.t, down.t
+    num_top_k = indices.size(-1)
+    num_tokens = x.size(0)
+    hidden_dim = x.size(-1)
+    selected_hidden_states = x.repeat_interleave(num_top_k, dim=0)
+    sample_weights = weights.reshape(-1)
+    expert_ids = indices.reshape(-1)
+    proj_out = torch.bmm(gate_up_proj[expert_ids], selected_hidden_states.unsqueeze(-1)).squeeze(-1)
+    g, up = proj_out.chunk(2, dim=-1)
+    proj_out = F.silu(g) * up
+    proj_out = torch.bmm(down_proj[expert_ids], proj_out.unsqueeze(-1)).squeeze(-1)
+    weighted_out = proj_out * sample_weights.unsqueeze(-1)
+    final = weighted_out.view(num_tokens, num_top_k, hidden_dim).sum(dim=1)
+    return final.to(x.dtype)
 
 
 def _argmax(em: Emitter, op: Op, vals: list) -> list | None:
@@ -504,8 +714,14 @@ def _argmax(em: Emitter, op: Op, vals: list) -> list | None:
 
 @handles("stablehlo.dot_general")
 def _dot_general(em: Emitter, op: Op, vals: list) -> Any:
+    att = layout_idioms.attention_of(em.module, op)
+    if att is not None:
+        out = _attention(em, op, att)
+        if out is not None:
+            return out
     dn = op.attrs["dot_dimension_numbers"]
-    lb, rb, lc, rc = dn["lhs_batch"], dn["rhs_batch"], dn["lhs_contract"], dn["rhs_contract"]
+    lb, rb = dn["lhs_batch"], dn["rhs_batch"]
+    lc, rc = sorted_contraction(dn["lhs_contract"], dn["rhs_contract"])
     out_dtype = _dtype(op)
     lhs_v, rhs_v = vals
     lrank, rrank = len(op.operands[0].type.shape), len(op.operands[1].type.shape)
@@ -549,6 +765,13 @@ def _dot_general(em: Emitter, op: Op, vals: list) -> Any:
     return torch.bmm(a3, b3).reshape(_shape(op))
 
 
+def sorted_contraction(lc: Sequence[int], rc: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Contracting dim pairs ordered by the right operand's dims (``[3, 2] x [1, 0]`` is ``[2, 3] x [0, 1]``:
+    the pairs, not their order, define the contraction)."""
+    pairs = sorted(zip(rc, lc))
+    return tuple(p[1] for p in pairs), tuple(p[0] for p in pairs)
+
+
 # ---- indexing -----------------------------------------------------------------------------------------------
 def _int_tensor(v: Any) -> torch.Tensor:
     if isinstance(v, (Splat,)) or _splat(v) is not None:
@@ -587,6 +810,10 @@ def _dynamic_update_slice(em: Emitter, op: Op, vals: list) -> Any:
     """A cache write ``dynamic_update_slice(cache, new, 0, 0, pos, 0)`` becomes ``index_copy(cache, 2, pos,
     new)``: the functional form of HF's ``cache.index_copy_`` that fusegraph turns into an in-place state write."""
     src, upd, *starts = vals
+    if isinstance(src, Stacked) and not src.stack_dims:
+        out = _stacked_update(src, upd, starts)
+        if out is not None:
+            return out
     t = materialize(src)
     u = materialize(upd)
     if u.dtype != t.dtype:
@@ -613,6 +840,31 @@ def _dynamic_update_slice(em: Emitter, op: Op, vals: list) -> Any:
     full = [torch.arange(t.shape[d]).reshape([t.shape[d] if i == d else 1 for i in range(t.dim())])
             if d not in moving else grids[d] for d in range(t.dim())]
     return torch.index_put(t, tuple(full), u)
+
+
+def _stacked_update(src: Stacked, upd: Any, starts: list) -> Stacked | None:
+    """``slice_update`` of one row range of a split cache part: ``index_copy`` on the part's storage tensor, at
+    the dim that holds the moving logical dim (``[B, L, KV, D]`` dim 1 -> ``[B, KV, L, D]`` dim 2)."""
+    (part,) = src.parts.values()
+    if isinstance(upd, Stacked) and not upd.stack_dims and upd.perm == src.perm:
+        u_storage, u, ushape = upd.parts[()], None, tuple(upd.shape)  # already in the part's layout
+    else:
+        u_storage, u = None, materialize(upd)
+        ushape = tuple(u.shape)
+    moving = [d for d in range(len(src.shape)) if ushape[d] != src.shape[d]]
+    if len(moving) != 1:
+        return None
+    d = moving[0]
+    st = _start(starts[d], src.shape[d] - ushape[d])
+    n = ushape[d]
+    if isinstance(st, int):
+        index = torch.arange(st, st + n)
+    else:
+        index = st.reshape(1) if n == 1 else st.reshape(1) + torch.arange(n)
+    value = stacked.to_storage(src, u) if u_storage is None else u_storage
+    new = torch.index_copy(part, stacked.storage_dim(src, d), index,
+                           value if value.dtype == part.dtype else value.to(part.dtype))
+    return Stacked({(): new}, src.shape, (), src.perm)
 
 
 @handles("stablehlo.gather")

@@ -19,10 +19,11 @@ import torch
 import torch.fx as fx
 
 from ..capture.lower import to_aten
-from .emit import Emitter, HANDLERS
+from . import layout_idioms, stacked
+from .emit import Emitter, HANDLERS, sorted_contraction
 from .ir import Function, Module, Op, UnsupportedOp, Value
 from .parse import parse_module
-from .values import Transposed, torch_dtype
+from .values import ExpertWeight, Stacked, Transposed, torch_dtype
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,21 @@ class ImportedInput:
     value: torch.Tensor | None = None
     contract: int = 0  # with ``transpose``: the argument's leading dims that form K
     arg_shape: tuple[int, ...] = ()
+    #: a part of a split (stacked) state argument: its key over ``stack_dims``, stored as the logical part
+    #: permuted back from ``perm`` (see :mod:`.stacked`)
+    part: tuple[int, ...] | None = None
+    stack_dims: tuple[int, ...] = ()
+    perm: tuple[int, ...] = ()
+    #: keras-hub's expert weights in HF's layout: ``("gate_up", up argument)`` (``[E, 2I, H]`` from gate and up
+    #: ``[E, H, I]``) or ``("down",)`` (``[E, H, I]`` from ``[E, I, H]``); see :func:`experts_weight`
+    experts: tuple = ()
+
+    def take(self, t: torch.Tensor) -> torch.Tensor:
+        """This input's tensor from its whole argument ``t`` (a contiguous copy of the part when split)."""
+        if self.part is None:
+            return t
+        # always a copy: ``t`` may share memory with an immutable JAX array, and the program writes parts in place
+        return stacked.take_part(t, self.part, self.stack_dims, self.perm).clone(memory_format=torch.contiguous_format)
 
 
 @dataclass
@@ -52,6 +68,13 @@ class ImportedOutput:
     dtype: str
     shape: tuple[int, ...]
     state_of: int | None = None
+    #: written back into a split state argument: the graph returns its parts (stack dims, perm) instead
+    split: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    @property
+    def count(self) -> int:
+        """How many graph outputs carry this result."""
+        return 1 if self.split is None else len(stacked.part_keys(self.shape, self.split[0]))
 
 
 @dataclass
@@ -62,6 +85,29 @@ class ImportedGraph:
     module: Module
     stablehlo_ops: int
     op_counts: dict[str, int] = field(default_factory=dict)
+
+    def results(self, outs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The function's results from the graph's outputs (a split state result reassembled from its parts)."""
+        out, pos = [], 0
+        for o in self.outputs:
+            if o.split is None:
+                out.append(outs[pos])
+            else:
+                sd, perm = o.split
+                keys = stacked.part_keys(o.shape, sd)
+                from .values import stacked_tensor
+
+                with torch.no_grad():
+                    out.append(stacked_tensor(Stacked(dict(zip(keys, outs[pos:pos + len(keys)])), o.shape, sd, perm)))
+            pos += o.count
+        return out
+
+
+def experts_weight(spec: ImportedInput, first: torch.Tensor, second: torch.Tensor | None = None) -> torch.Tensor:
+    """The program's tensor for an expert-weights input from its argument(s) (a new contiguous tensor)."""
+    if spec.experts[0] == "down":
+        return first.transpose(1, 2).contiguous().to(spec.dtype)
+    return torch.cat((first.transpose(1, 2), second.transpose(1, 2)), dim=1).contiguous().to(spec.dtype)
 
 
 def unsupported_ops(module: Module) -> list[str]:
@@ -101,8 +147,9 @@ def linear_contraction(v: Value) -> int | None:
         dn = user.attrs["dot_dimension_numbers"]
         lrank = len(user.operands[0].type.shape)
         c = len(dn["rhs_contract"])
-        if not dn["lhs_batch"] and dn["rhs_contract"] == tuple(range(c)) and \
-                dn["lhs_contract"] == tuple(range(lrank - c, lrank)) and c < len(v.type.shape):
+        lc, rc = sorted_contraction(dn["lhs_contract"], dn["rhs_contract"])
+        if not dn["lhs_batch"] and rc == tuple(range(c)) and lc == tuple(range(lrank - c, lrank)) and \
+                c < len(v.type.shape):
             found.add(c)
     return found.pop() if len(found) == 1 else None
 
@@ -111,6 +158,49 @@ def _tensor_of(arr: np.ndarray, dtype: str) -> torch.Tensor:
     if dtype == "bf16":
         return torch.from_numpy(np.ascontiguousarray(arr).view(np.uint16).copy()).view(torch.bfloat16)
     return torch.from_numpy(np.ascontiguousarray(arr).copy()).to(torch_dtype(dtype))
+
+
+def _fold(module: Module, cone: list[Op], value: Value) -> torch.Tensor:
+    """Evaluate a constant-only value now, with the same PyTorch calls the traced graph would make on CPU (so
+    the folded tensor is exactly what the unfolded graph computes)."""
+    from .values import materialize
+
+    buffers = {}
+    for op in cone:
+        if op.name == "stablehlo.constant":
+            flat = op.attrs["value"].reshape(-1)
+            if flat.size and not np.all(flat == flat[0]):
+                buffers[id(op)] = _tensor_of(op.attrs["value"], op.result.type.dtype)
+    em = Emitter(module, buffers)
+    env: dict[int, Any] = {}
+    em._values = env
+    with torch.no_grad():
+        for op in cone:
+            for r, o in zip(op.results, em.emit(op, [env[id(x)] for x in op.operands])):
+                env[id(r)] = o
+        return materialize(env[id(value)]).clone()
+
+
+def _rope_tables(module: Module) -> tuple[dict, list[torch.Tensor]]:
+    """keras-hub's rotary tables (:func:`~.layout_idioms.rope_table_of`): their ``inv_freq`` folded into buffer
+    inputs (one per distinct value), and a key per table op ``(buffer index, start value id, tokens)``: tables
+    with the same key are the same values, computed once (Keras recomputes them for q and k in every layer)."""
+    found: dict = {}
+    folded: list[torch.Tensor] = []
+    for t in layout_idioms.rope_tables(module):
+        cone = layout_idioms.inv_freq_cone(module, t)
+        try:
+            value = _fold(module, cone, t.inv_freq) if cone is not None else None
+        except (UnsupportedOp, RuntimeError, TypeError, KeyError):
+            value = None
+        if value is None or value.dtype != torch.float32:
+            continue
+        index = next((i for i, f in enumerate(folded) if f.shape == value.shape and torch.equal(f, value)), None)
+        if index is None:
+            folded.append(value)
+            index = len(folded) - 1
+        found[t] = (index, id(t.start), t.tokens)
+    return found, folded
 
 
 def _direct_state_writes(gm: fx.GraphModule) -> None:
@@ -160,10 +250,39 @@ def import_stablehlo(source: Any, *, arg_kinds: Sequence[str] | None = None,
         raise ValueError(f"{len(kinds)} argument kinds for {n} arguments")
     names = list(arg_names) if arg_names is not None else [f"arg{i}" for i in range(n)]
     inputs: list[ImportedInput] = []
+    splits: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    expert_args: dict[int, tuple] = {}  # argument -> ("gate_up", up arg) | ("up", gate arg) | ("down",)
+    index_of = {id(v): i for i, v in enumerate(fn.body.args)}
+    for e in layout_idioms.dense_experts(module):
+        g, u, d = index_of[id(e.gate)], index_of[id(e.up)], index_of[id(e.down)]
+        if all(kinds[a] == "weight" for a in (g, u, d)):
+            expert_args.update({g: ("gate_up", u), u: ("up", g), d: ("down",)})
     for i, v in enumerate(fn.body.args):
+        if i in expert_args:
+            how = expert_args[i]
+            if how[0] == "up":
+                continue  # part of the gate's fused input
+            e_, h_, i_ = v.type.shape if how[0] == "gate_up" else (v.type.shape[0], v.type.shape[2], v.type.shape[1])
+            shape = (e_, 2 * i_, h_) if how[0] == "gate_up" else (e_, h_, i_)
+            inputs.append(ImportedInput(name=names[i] if how[0] == "down" else f"{names[i]}+{names[how[1]]}",
+                                        kind="weight", shape=shape, dtype=torch_dtype(v.type, "argument"), arg=i,
+                                        arg_shape=v.type.shape, experts=how))
+            continue
         kind = "state" if i in aliases and kinds[i] != "weight" else kinds[i]
         if kind == "state" and i not in aliases:
             kind = "step"  # nothing is written back into it: an ordinary input
+        layout = stacked.split_layout(v) if kind == "state" else None
+        if layout is not None and fn.body.returns[aliases[i]].type.shape != v.type.shape:
+            layout = None  # its result is not the same stacked cache: keep it whole
+        if layout is not None:  # a stacked KV cache: one state input per part
+            splits[i] = layout
+            sd, perm = layout
+            pshape = stacked.part_shape(v.type.shape, sd, perm)
+            for key in stacked.part_keys(v.type.shape, sd):
+                inputs.append(ImportedInput(name=names[i] + "".join(f"[{k}]" for k in key), kind=kind,
+                                            shape=pshape, dtype=torch_dtype(v.type, "argument"), arg=i,
+                                            arg_shape=v.type.shape, part=key, stack_dims=sd, perm=perm))
+            continue
         c = linear_contraction(v) if transpose_weights and kind == "weight" else None
         shape = v.type.shape
         if c is not None:  # presented as one [N, K] matrix
@@ -175,21 +294,59 @@ def import_stablehlo(source: Any, *, arg_kinds: Sequence[str] | None = None,
         t = c.result.type
         inputs.append(ImportedInput(name=f"constant{k}", kind="buffer", shape=t.shape, dtype=torch_dtype(t, c.name),
                                     value=_tensor_of(c.attrs["value"], t.dtype)))
+    tables, folded = _rope_tables(module)
+    for k, value in enumerate(folded):
+        inputs.append(ImportedInput(name=f"inv_freq{k}", kind="buffer", shape=tuple(value.shape), dtype=value.dtype,
+                                    value=value))
     outputs = [ImportedOutput(dtype=v.type.dtype, shape=v.type.shape) for v in fn.body.returns]
+    arg_kind = {spec.arg: spec.kind for spec in inputs if spec.arg is not None}
     for arg, out in aliases.items():
-        if inputs[arg].kind == "state" and out < len(outputs):
+        if arg_kind.get(arg) == "state" and out < len(outputs):
             outputs[out].state_of = arg
+            if arg in splits and outputs[out].shape == fn.body.args[arg].type.shape:
+                outputs[out].split = splits[arg]
+    n_in = sum(1 for spec in inputs if spec.arg is not None)
+    tables_of = {id(t.op): t for t in tables}
+    table_keys = {id(t.op): key for t, key in tables.items()}
 
     def step(*tensors: torch.Tensor) -> tuple:
-        args = [Transposed(t, spec.arg_shape) if spec.transpose else t for t, spec in zip(tensors[:n], inputs[:n])]
-        buffers = {id(c): t for c, t in zip(consts, tensors[n:])}
+        args: list = []
+        positions: dict[int, list[int]] = {}
+        for pos, (t, spec) in enumerate(zip(tensors[:n_in], inputs[:n_in])):
+            positions.setdefault(spec.arg, []).append(pos)
+        for i in range(n):
+            if i in expert_args:
+                how = expert_args[i]
+                source = i if how[0] != "up" else how[1]
+                kind = {"gate_up": "gate", "up": "up", "down": "down"}[how[0]]
+                args.append(ExpertWeight(tensors[positions[source][0]], kind))
+                continue
+            spec = inputs[positions[i][0]]
+            if i in splits:
+                sd, perm = splits[i]
+                args.append(Stacked({inputs[p].part: tensors[p] for p in positions[i]}, spec.arg_shape, sd, perm))
+            else:
+                t = tensors[positions[i][0]]
+                args.append(Transposed(t, spec.arg_shape) if spec.transpose else t)
+        buffers = {id(c): t for c, t in zip(consts, tensors[n_in:])}
         em = Emitter(module, buffers)
+        em.tables = {op_id: (key, tables_of[op_id], tensors[n_in + len(consts) + key[0]]) for op_id, key in
+                     table_keys.items()}
         from .values import materialize
 
-        results = [materialize(r) for r in em.run(fn, args)]
-        for k, out in enumerate(outputs):
-            if out.state_of is not None and results[k] is not tensors[out.state_of]:
-                tensors[out.state_of].copy_(results[k])
+        results: list[torch.Tensor] = []
+        for k, (r, out) in enumerate(zip(em.run(fn, args), outputs)):
+            if out.split is not None:
+                sd, perm = out.split
+                for p, part in zip(positions[out.state_of], stacked.split_value(r, out.shape, sd, perm)):
+                    if part is not tensors[p]:
+                        tensors[p].copy_(part)
+                    results.append(part)
+                continue
+            t = materialize(r)
+            if out.state_of is not None and t is not tensors[positions[out.state_of][0]]:
+                tensors[positions[out.state_of][0]].copy_(t)
+            results.append(t)
         return tuple(results)
 
     mode = FakeTensorMode()

@@ -80,6 +80,65 @@ class Transposed:
     shape: tuple[int, ...] | None = None  # the argument's own shape when it is not 2-d (``[K, heads, D]``)
 
 
+@dataclass
+class Stacked:
+    """A value of logical shape ``shape`` held as separate tensors, one per index over ``stack_dims`` (Keras's
+    stacked KV cache ``[B, layers, 2, L, KV, D]`` as one ``[B, KV, L, D]`` tensor per layer and k/v, HF's
+    per-layer cache). ``parts[key]`` (``key``: one coordinate per stack dim) holds the part in *storage* layout:
+    the logical part (``shape`` without the stack dims) is ``part.permute(perm)``. With no stack dims it is one
+    tensor viewed through ``perm``. Only the layout differs from the logical tensor, never a value
+    (:mod:`.stacked` has the ops that keep it split)."""
+
+    parts: dict
+    shape: tuple[int, ...]
+    stack_dims: tuple[int, ...]
+    perm: tuple[int, ...]
+
+
+def stacked_tensor(s: Stacked) -> torch.Tensor:
+    """The logical tensor of a :class:`Stacked` value (its parts viewed through ``perm`` and concatenated)."""
+    rank = len(s.shape)
+    sd = list(s.stack_dims)
+
+    def build(prefix: tuple) -> torch.Tensor:
+        if len(prefix) == len(sd):
+            t = permuted(s.parts[prefix], s.perm)
+            for d in sd:
+                t = t.unsqueeze(d)
+            return t
+        k = len(prefix)
+        pieces = [build(prefix + (i,)) for i in range(s.shape[sd[k]])]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=sd[k] - rank)
+
+    return build(())
+
+
+@dataclass
+class ExpertWeight:
+    """One of keras-hub's expert weights (``gate``/``up`` ``[E, H, I]``, ``down`` ``[E, I, H]``) read from the
+    program input that holds it in HF's layout (``gate_up_proj[E, 2I, H]``, ``down_proj[E, H, I]``)."""
+
+    t: torch.Tensor
+    kind: str  # "gate" | "up" | "down"
+
+    def tensor(self) -> torch.Tensor:
+        if self.kind == "down":
+            return self.t.transpose(1, 2)
+        inter = self.t.shape[1] // 2
+        half = self.t[:, :inter] if self.kind == "gate" else self.t[:, inter:]
+        return half.transpose(1, 2)
+
+
+def permuted(t: torch.Tensor, perm: tuple[int, ...]) -> torch.Tensor:
+    """``t.permute(perm)`` the way PyTorch code writes it: nothing for the identity, ``transpose`` for a swap."""
+    moved = [i for i, p in enumerate(perm) if p != i]
+    if not moved:
+        return t
+    if len(moved) == 2:
+        return t.transpose(*moved)
+    return t.permute(list(perm))
+
+
 def reduce_tensor(r: Reduced, keepdim: bool) -> torch.Tensor:
     key = bool(keepdim)
     if key in r.memo:
@@ -125,7 +184,7 @@ def _keep_shape(src_shape: tuple[int, ...], out_rank: int, dims: tuple[int, ...]
     return shape
 
 
-def _bcast_source(b: Bcast) -> torch.Tensor:
+def bcast_source(b: Bcast) -> torch.Tensor:
     """The broadcast's source laid out in the output's rank (size-1 dims where it broadcasts)."""
     src = b.src
     if isinstance(src, Reduced) and _reinserts(src, b):
@@ -159,8 +218,12 @@ def materialize(v: Any) -> torch.Tensor:
         w = v.t.t()
         return w if v.shape is None or tuple(w.shape) == tuple(v.shape) else w.reshape(v.shape)
     if isinstance(v, Bcast):
-        t = _bcast_source(v)
+        t = bcast_source(v)
         return t if tuple(t.shape) == tuple(v.shape) else t.expand(v.shape)
+    if isinstance(v, Stacked):
+        return stacked_tensor(v)
+    if isinstance(v, ExpertWeight):
+        return v.tensor()
     raise TypeError(f"cannot materialize {type(v).__name__}")
 
 
@@ -176,7 +239,7 @@ def elementwise_operand(v: Any, out_rank: int, implicit: bool = True) -> Any:
         src = v.src
         if implicit and not isinstance(src, Reduced) and list(v.dims) == list(range(out_rank - len(v.dims), out_rank)):
             return materialize(src)
-        return _bcast_source(v)
+        return bcast_source(v)
     return materialize(v)
 
 

@@ -9,15 +9,20 @@ def run_imported(imported, *arrays):
     """Execute the imported ATen graph on ``arrays`` (what the program would compute, op by op in PyTorch)."""
     from fusegraph.jax.convert import to_torch
 
+    from fusegraph.stablehlo.importer import experts_weight
+
     tensors = []
     for spec in imported.inputs:
-        if spec.arg is None:
+        if spec.experts:
+            srcs = [arrays[spec.arg]] + ([arrays[spec.experts[1]]] if spec.experts[0] == "gate_up" else [])
+            tensors.append(experts_weight(spec, *[to_torch(np.asarray(x), spec.dtype) for x in srcs]))
+        elif spec.arg is None:
             tensors.append(spec.value)
         else:
-            tensors.append(to_torch(np.asarray(arrays[spec.arg]), spec.dtype, copy=True, transpose=spec.transpose,
-                                    contract=spec.contract))
+            tensors.append(spec.take(to_torch(np.asarray(arrays[spec.arg]), spec.dtype, copy=True,
+                                              transpose=spec.transpose, contract=spec.contract)))
     with torch.no_grad():
-        outs = imported.gm(*tensors)
+        outs = imported.results(imported.gm(*tensors))
     return [o.float().numpy() if o.dtype == torch.bfloat16 else o.numpy() for o in outs]
 
 

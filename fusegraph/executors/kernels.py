@@ -162,3 +162,86 @@ def _dump(settings: Settings, name: str, region: Any, generated: Any) -> None:
     d.mkdir(parents=True, exist_ok=True)
     part = name.rsplit("_p", 1)[1] if "_p" in name.rsplit("_r", 1)[-1] else ""
     (d / f"region{region.id}_{region.kind}{f'_p{part}' if part else ''}.py").write_text(generated.source)
+
+
+# ---- rank agreement (tensor parallelism) ---------------------------------------------------------------------
+#: outcome codes a rank reports for a kernel; every rank acts on the smallest one (the group's MIN)
+FAILED, RETRY, OK = 0, 1, 2
+_MSG_BYTES = 255
+
+
+def covered_collectives(program: Program, plan: KernelPlan) -> list[str]:
+    """The program's collective nodes a kernel computes (in program order): a kernel with any of them issues its
+    collectives in lock step with every rank of their group, so its build and verification outcome must be agreed."""
+    inside = plan.lowered.kernel_nodes
+    return [n for n in program.collectives() if n in inside]
+
+
+def collective_groups(program: Program, nodes: Any) -> list[str]:
+    """The process-group names of the collective ``nodes`` (sorted, so every rank agrees on them in one order)."""
+    G = program.graph
+    return sorted({str(G.nodes[n]["collective"].group.name) for n in nodes})
+
+
+def agree(program: Program, nodes: Any, code: int, why: str = "",
+          timeout_s: float | None = None) -> tuple[int, list[tuple[int, int, str]]]:
+    """Every rank of the groups of the collective ``nodes`` tells its outcome ``code`` (``FAILED``/``RETRY``/``OK``)
+    and why (a short text); returns (the smallest code, [(rank, code, why) of every rank]).
+
+    One ``all_gather`` of a small byte tensor per group over ``torch.distributed`` (gloo on CPU), bounded by
+    ``timeout_s`` (default ``FUSEGRAPH_NKISIM_SYNC_TIMEOUT``, 60 s): a peer that never answers makes this rank's
+    outcome ``FAILED`` ("rank agreement ... failed"), never a hang. Without a job (or groups) it is this rank's
+    code (torch's fake process group hands every rank its own tensor back: the same)."""
+    groups = collective_groups(program, nodes)
+    try:
+        import torch.distributed as dist
+
+        up = dist.is_available() and dist.is_initialized()
+    except Exception:  # noqa: BLE001 - no usable torch.distributed: nothing to agree with
+        up = False
+    if not groups or not up:
+        return code, [(0, code, why)]
+    import datetime
+
+    from ..nkisim.sync import default_timeout
+
+    timeout = default_timeout() if timeout_s is None else timeout_s
+    msg = why.encode("utf-8", "replace")[:_MSG_BYTES]
+    mine = torch.zeros(_MSG_BYTES + 1, dtype=torch.uint8)
+    mine[0] = code
+    mine[1:1 + len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8) if msg else mine[1:1]
+    worst, bad = code, {dist.get_rank(): (code, why)}
+    for name in groups:
+        try:
+            pg = dist.distributed_c10d._resolve_process_group(name)
+            size = dist.get_world_size(group=pg)
+            out = torch.zeros(size * mine.numel(), dtype=torch.uint8)
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            work = gather(out, mine, group=pg, async_op=True)
+            if work.wait(timeout=datetime.timedelta(seconds=timeout)) is False:
+                raise TimeoutError(f"no answer from every rank after {timeout:.0f} s")
+        except Exception as e:  # noqa: BLE001 - a peer that cannot answer: this rank fails, bounded
+            from ..warnings import one_line
+
+            me = dist.get_rank()
+            return FAILED, [(me, FAILED, f"rank agreement on group {name} failed ({one_line(e)})")]
+        rows = out.reshape(size, -1)
+        for r in range(size):
+            c = int(rows[r, 0])
+            worst = min(worst, c)
+            text = bytes(rows[r, 1:].tolist()).rstrip(b"\0").decode("utf-8", "replace")
+            g = dist.get_global_rank(pg, r) if pg is not dist.group.WORLD else r
+            if g not in bad or c < bad[g][0]:
+                bad[g] = (c, text)
+    return worst, [(r, c, w) for r, (c, w) in sorted(bad.items())]
+
+
+def describe_disagreement(bad: list[tuple[int, int, str]]) -> str:
+    """``rank 1: <why>`` (the first failing rank's cause; the others counted) for the one warning every rank gives.
+    A rank that failed only because a peer did (its collective timed out or was aborted: ``NkiSyncError``) is named
+    after the ranks that failed on their own."""
+    failed = [b for b in bad if b[1] == FAILED] or [b for b in bad if b[1] < OK] or bad
+    failed = sorted(failed, key=lambda b: "NkiSyncError" in b[2])
+    r, _, why = failed[0]
+    more = f" (and rank(s) {[b[0] for b in failed[1:]]})" if len(failed) > 1 else ""
+    return f"rank {r}: {why or 'failed'}{more}"

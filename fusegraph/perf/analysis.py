@@ -80,7 +80,10 @@ def model_config(model: str, overrides: dict[str, Any] | None = None) -> dict[st
 
 
 def shard_overrides(config: dict[str, Any], cores: int) -> dict[str, Any]:
-    """Config of one core's shard under tensor parallelism over ``cores`` physical cores.
+    """Config of one core's shard under tensor parallelism over ``cores`` physical cores: a SYNTHETIC shard (the
+    model config divided, no collectives). The real per-rank program -- HF's TP plan captured on a fake process
+    group, local shards and collectives -- is :mod:`fusegraph.modelperf.tp`; this one remains for the per-engine
+    calibration rows of the like-for-like table.
 
     Heads, MLP/expert intermediate sizes and the vocabulary (padded to a multiple of 128, as sharded deployments
     pad it) split ``cores`` ways; KV heads split as far as they go and are replicated beyond that; the hidden size,
@@ -120,6 +123,39 @@ def profile_shape_only(generated: Any, target: str, progress: Progress | None = 
     with KernelLineMonitor(generated.source, generated.name, progress.update, total):
         nkisim.run(fn, *args, target=target, shape_only=True, **kwargs)
     return nkisim.last_profile().to_dict()
+
+
+_COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def profile_program0(generated: Any, target: str, settings: Any,
+                     assume: Any = None) -> tuple[dict[str, Any], Any]:
+    """Run ``generated`` shape-only with the executor's SBUF budget and LNC, with the per-instruction trace; return
+    the profile (all programs) and the cost model's view of **program 0 of rank 0**: one physical core, as
+    ``bench --against`` costs a published kernel (the profile's per-line aggregates add up both programs of an
+    LNC=2 kernel, which would put two cores' work on one). A collective call has no ``name=``: it takes the
+    region and layer of the instruction before it (the producer of what it reduces), so it is counted per layer."""
+    from fusegraph import nkisim
+
+    from .kernelview import view_from_trace
+
+    ns = nkisim.load_kernel_source(generated.source, f"<fusegraph:{generated.name}>", target=target)
+    kwargs: dict[str, Any] = {"lnc": settings.lnc}
+    if settings.sbuf_budget:
+        kwargs["sbuf_budget"] = settings.sbuf_budget
+    if assume is not None:  # shape-only register values (e.g. {"kv_index": L - 1}: a full cache, as serving reads)
+        kwargs["assume"] = assume
+    nkisim.run(ns[generated.name], *_abstract_args(generated), target=target, shape_only=True, trace=True, **kwargs)
+    prof = nkisim.last_profile()
+    view = view_from_trace(prof.trace[(0, 0)])
+    prev = None
+    for ln in view.lines:
+        if ln.opcode in _COLLECTIVE_OPS and ln.layer is None and prev is not None and prev.layer is not None:
+            ln.region, ln.layer = prev.region, prev.layer
+        prev = ln
+    d = prof.to_dict()
+    d.pop("records", None)
+    return d, view
 
 
 def _abstract_args(generated: Any) -> list:

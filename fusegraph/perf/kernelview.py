@@ -150,6 +150,7 @@ def parse_source(source: str, kernel: str | None = None) -> tuple[list[KernelLin
     lines: list[KernelLine] = []
     pending_allocs: list[str] = []
     alloc_events: dict[int, list] = defaultdict(list)
+    alloc_names: dict[str, str] = {}
 
     def visit(stmts: list[ast.stmt], loops: tuple[int, ...]) -> None:
         for st in stmts:
@@ -166,14 +167,25 @@ def parse_source(source: str, kernel: str | None = None) -> tuple[list[KernelLin
                     var = st.targets[0].id
                     buffers[var] = _buffer_of(st.value)
                     pending_allocs.append(var)
+                    alloc_names[var] = _const_str(next((k.value for k in st.value.keywords if k.arg == "name"),
+                                                       None))
                 continue
             if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)):
                 continue
             call = st.value
             f = call.func
-            if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "nisa"):
+            # nisa.* and nki.collectives.* (srcs=/dsts= lists; named after their first destination's name=)
+            coll = isinstance(f, ast.Attribute) and ast.unparse(f.value) == "nki.collectives"
+            if not (coll or isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "nisa"):
                 continue
             kws = {kw.arg: kw.value for kw in call.keywords if kw.arg}
+            if coll:
+                dsts = kws.pop("dsts", None)
+                if isinstance(dsts, (ast.List, ast.Tuple)) and dsts.elts:
+                    kws["dst"] = dsts.elts[0]
+                    if "name" not in kws:
+                        base, _ = _base_name(dsts.elts[0])
+                        kws["name"] = ast.Constant(alloc_names.get(base) or "")
             writes: list[str] = []
             partial = False
             for k in OUTPUT_KEYWORDS:
@@ -267,9 +279,19 @@ def build_view(source: str, profile: Any, filename: str | None = None, kernel: s
             unmatched += 1
             continue
         ln.sites.append(s)
+    # a generated kernel's nki.collectives calls: the aggregate DMA of the call site (queue "cc") carries the
+    # call's collective record (per call), as a traced DMA does, so the cost model charges the ring, not a DMA
+    colls = {(c["file"], c["line"]): c for c in prof.get("collectives", []) if c.get("program", 0) == 0}
     for d in dmas:
         if d["file"] != filename:
             continue
+        c = colls.get((d["file"], d["line"])) if d.get("queue") == "cc" and "collective" not in d else None
+        if c is not None and c.get("count"):
+            n = c["count"]
+            d = {**d, "collective": {"op": c["op"], "reduce": c.get("reduce"), "group_size": c["group_size"],
+                                     "group": list(c["group"]), "buffer": c.get("buffer"), "dtype": c.get("dtype"),
+                                     "tensors": c.get("tensors", 1), "bytes": c["bytes"] // n,
+                                     "out_bytes": c["out_bytes"] // n, "lnc": prof.get("lnc", 1)}}
         ln = by_line.get(d["line"])
         if ln is not None:
             ln.dmas.append(d)

@@ -100,8 +100,8 @@ def _program_values(program: Any) -> tuple[dict, dict]:
 
 
 def _stats(program: Any) -> dict:
-    """What the executor did per graph; for NKI kernels also whether any kernel covers a collective node (none
-    may: codegen has no collective lowering yet, so collectives must stay on the eager path between kernels)."""
+    """What the executor did per graph; for NKI kernels also which collective nodes each kernel covers (with the
+    collective lowering: all of them, in one kernel; with the collective patterns disabled: none)."""
     out = {}
     collectives = set(program.collectives())
     for gi, st in program.execution.items():
@@ -115,6 +115,83 @@ def _stats(program: Any) -> dict:
         out[str(gi)] = {"executed_by": {str(k): v for k, v in getattr(st, "executed_by", {}).items()},
                         "verification": {str(k): v for k, v in getattr(st, "verification", {}).items()},
                         "launches_per_call": getattr(st, "launches_per_call", None), "kernels": kernels}
+    return out
+
+
+class _CorruptKernel:
+    """``corrupt_rank``: on that rank only, every kernel's first output (the logits) comes back off by 1, so its
+    first-call verification against eager fails there and passes on the other ranks (the rank-agreement test);
+    with ``corrupt_mode: "raise"`` its launches raise instead, before the kernel issues any collective (its peers'
+    kernels then wait in their first collective until the interpreter's sync timeout)."""
+
+    def __init__(self, rank: int, spec: dict):
+        self.active = spec.get("corrupt_rank") == rank
+        self.raises = spec.get("corrupt_mode") == "raise"
+        self.saved = None
+
+    def __enter__(self) -> "_CorruptKernel":
+        if self.active:
+            from fusegraph.executors.nki import NkiExecutor
+
+            self.saved = NkiExecutor.make_runner
+
+            def make_runner(executor, plan, settings, _orig=self.saved, _raises=self.raises):
+                run = _orig(executor, plan, settings)
+
+                def corrupt(args):
+                    if _raises:
+                        raise RuntimeError("injected kernel failure on this rank")
+                    return [o + 1 if i == 0 else o for i, o in enumerate(run(args))]
+
+                return corrupt
+
+            NkiExecutor.make_runner = make_runner
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.saved is not None:
+            from fusegraph.executors.nki import NkiExecutor
+
+            NkiExecutor.make_runner = self.saved
+
+
+def _kernel_collectives() -> list:
+    """The collectives the interpreter ran inside the last kernel launch (its profile: op, buffer, count, bytes)."""
+    from fusegraph import nkisim
+
+    prof = nkisim.last_profile()
+    return [{k: r[k] for k in ("op", "buffer", "group", "count", "bytes", "program")}
+            for r in (getattr(prof, "collectives", None) or [])]
+
+
+def _reference_vm(program: Any) -> list[dict]:
+    """Each kernel's program run by the codegen reference VM (``codegen/reference.py``: the instructions in PyTorch;
+    ``AllReduce``/``AllGather`` do the real collective on this job) on the latest call's inputs, against the
+    graph's eager values: max |diff| of each kernel output (every rank runs it, so the collectives pair up)."""
+    from fusegraph.codegen import reference
+    from fusegraph.executors.eager import build_plan, run_plan
+    from fusegraph.executors.nki import marshal_input
+
+    out = []
+    for gi, record in program.execution.items():
+        run = getattr(record, "run", None)
+        if run is None or run.last_args is None:
+            continue
+        clone = lambda args: [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # noqa: E731
+        env = dict(zip(run.input_ids, clone(run.last_args)))
+        run_plan(build_plan(program, program.topo_order(gi)), env)
+        before = dict(env)
+        before.update(zip(run.input_ids, clone(run.last_args)))  # the state as it was before the step
+        for plan in run.plans:
+            ref_env = {name: (marshal_input(src, plan.generated.specs[name].dtype, before[src.node])
+                              if src.kind == "input" else src.value(before[src.node]).clone())
+                       for name, src in plan.lowered.args.items()}
+            reference.run(plan.lowered.program, ref_env)
+            for name, node in plan.lowered.outputs.items():
+                want = env[node].float().reshape(-1)
+                got = ref_env[name].float().reshape(-1)
+                out.append({"kernel": plan.generated.name, "output": node,
+                            "max_diff": (got - want).abs().max().item(), "scale": want.abs().max().item()})
     return out
 
 
@@ -146,17 +223,24 @@ def _hf(spec: dict, rank: int) -> dict:
     def step(cache):
         return lambda t, p: model(input_ids=t, cache=cache, position_ids=p, use_cache=True).logits
 
-    options = {"executor": spec.get("executor", "eager"), "cache_dir": "off", **spec.get("options", {})}
+    options = {"executor": spec.get("executor", "eager"), "cache_dir": "off", **spec.get("options", {}),
+               **spec.get("rank_options", {}).get(str(rank), {})}  # one rank built otherwise (rank agreement)
     compiled = torch.compile(step(cache_c), backend="fusegraph", options=options)
+    corrupt = _CorruptKernel(rank, spec)
     eager = step(cache_e)
     res: dict[str, Any] = {"tokens_compiled": [], "tokens_eager": [], "logits_compiled": [], "logits_eager": [],
                            "same_type": [], "prefill_token": tok.reshape(-1).tolist()}
     tc, te = tok, tok
     pos = torch.full((tok.shape[0], 1), 8)
-    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+    res["launches"] = []  # per step: kernel launches of each graph (the execution record)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad(), corrupt:
         warnings.simplefilter("always")
         for _ in range(spec.get("steps", 3)):
             a, b = compiled(tc, pos), eager(te, pos)
+            res["launches"].append([getattr(st, "launches_per_call", None)
+                                    for st in fusegraph.last_capture().program.execution.values()])
+            if _ == 0:
+                res["kernel_collectives"] = _kernel_collectives() if spec.get("executor") == "nkisim" else []
             res["same_type"].append(type(a) is type(b) is torch.Tensor)
             res["logits_compiled"].append(a[:, -1].float().reshape(-1).tolist())
             res["logits_eager"].append(b[:, -1].float().reshape(-1).tolist())
@@ -179,6 +263,8 @@ def _hf(spec: dict, rank: int) -> dict:
     res["report_regions"] = len(report["regions"])
     res["refusals"] = [str(r.reason) for r in getattr(cap.session, "refusals", [])] if hasattr(cap, "session") else []
     res["executed"] = _stats(cap.program)
+    if spec.get("reference_vm"):
+        res["reference_vm"] = _reference_vm(cap.program)
     if cap.program.graphs:
         res.update(_program_facts(cap.program))
     return res

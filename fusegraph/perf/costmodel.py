@@ -14,13 +14,16 @@ Costs per instruction (parameters in ``data/trainium.json``):
 * Vector/Scalar/GpSimd: ``engine_fixed_cycles + inputs * N * 128 / width`` cycles (N = free size per partition);
   two back-to-back dependent instructions on one engine start at least ``dependent_ii_cycles`` apart.
 * DMA: an issue cost on the issuing engine (hardware DGE on Sync/Scalar, software DGE on GpSimd), a fixed
-  latency before data moves (overlappable), and bytes / (per-core bandwidth x eff(s)) of the core's DMA
+  latency before data moves (overlappable with the transfers already moving, by ``dma_latency_overlap``), and bytes / (per-core bandwidth x eff(s)) of the core's DMA
   bandwidth, with ``eff(s) = s / (s + s0)`` for ``s`` contiguous bytes per descriptor; a transfer also takes at
   least bytes / (engines it spans x per-engine bandwidth).
 * Collectives (``nki.collectives``): ``steps x cc_step_latency + wire bytes / link bandwidth`` of a ring over the
   group's n ranks -- all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer, all-gather / reduce-scatter /
   all-to-all n-1 steps moving (n-1)/n of the larger side -- on the collective engine (the chip's CC-cores), an
   in-order resource of its own: a collective overlaps compute and DMAs and delays only what reads its result.
+
+"DMA active" in a hardware profile is time with any DMA in flight: :meth:`Schedule.dma_active` (the union of each
+DMA's window from its trigger to its last byte), not the bandwidth occupancy ``busy["dma"]``.
 """
 from __future__ import annotations
 
@@ -349,6 +352,32 @@ class Schedule:
     barrier_time: float = 0.0
     semaphore_waits: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: per DMA work: (trigger issued, last byte landed) -- the window in which it is in flight
+    dma_windows: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def dma_active(self, indices: Iterable[int] | None = None) -> float:
+        """Time with at least one DMA in flight (union of the windows of ``indices``, default all): the profiler's
+        "DMA active", which is not the bandwidth occupancy (``busy["dma"]``) -- overlapping transfers count once
+        and the fixed latency of a transfer in flight counts."""
+        keys = self.dma_windows.keys() if indices is None else [i for i in indices if i in self.dma_windows]
+        return union_length(self.dma_windows[i] for i in keys)
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by ``intervals`` (``(start, end)`` pairs; overlaps count once)."""
+    total = 0.0
+    end = -math.inf
+    start = 0.0
+    for a, b in sorted(intervals):
+        if a > end:
+            if end > -math.inf:
+                total += end - start
+            start, end = a, b
+        else:
+            end = max(end, b)
+    if end > -math.inf:
+        total += end - start
+    return total
 
 
 def _shares_loop(a: Work, b: Work) -> int:
@@ -363,9 +392,11 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
              region_io: dict[str, RegionIO] | None = None) -> Schedule:
     """List-schedule ``works`` in order.
 
-    With ``barriers``, every change of ``region`` is a kernel boundary: everything drains, the Sync engine pays
-    ``boundary_sync``, the next kernel loads its input activations (``region_io``) before computing and stores
-    its outputs before the next boundary.
+    With ``barriers``, every change of ``region`` is a kernel boundary: everything drains, the boundary costs
+    ``boundary_wall`` of wall time and ``boundary_sync`` of Sync-engine time (both measured per boundary, O1:
+    they include the activations' store and reload triggers and latencies), the next kernel loads its input
+    activations (``region_io``: their bytes on the DMA bandwidth) before computing and stores its outputs before
+    the next boundary.
     """
     buffers = buffers or {}
     allocs = allocs or {}
@@ -384,14 +415,18 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
     barrier_time = 0.0
     current_region: str | None = None
     region_end = 0.0
+    overlap = hw.dma_latency_overlap
+    windows: dict[int, tuple[float, float]] = {}
 
-    def dma_slot(t_issue_done: float, nbytes: int, parts: int) -> float:
+    def dma_slot(t_start: float, nbytes: int, parts: int) -> float:
+        """An activation moved across a kernel boundary: its bytes use the DMA bandwidth; its trigger and fixed
+        latency are part of the boundary's measured cost (``boundary_sync`` on Sync, ``boundary_wall``: O1), so
+        they are not charged again here."""
         nonlocal pipe
         tr = dma_transfer(hw, nbytes, 1, parts, max(1, parts))
-        t0 = max(t_issue_done + hw.dma_fixed_latency, pipe)
+        t0 = max(t_start, pipe)
         pipe = t0 + tr["occupancy"]
         busy["dma"] += tr["occupancy"]
-        busy["sync"] += hw.dma_issue_hwdge
         return t0 + tr["own"]
 
     def close_region(name: str | None) -> float:
@@ -401,16 +436,14 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
         io = (region_io or {}).get(name or "")
         if io:
             for nbytes, parts in io.stores:
-                t_issue = max(t, free["sync"]) + hw.dma_issue_hwdge
-                free["sync"] = t_issue
-                t = max(t, dma_slot(t_issue, nbytes, parts))
+                t = max(t, dma_slot(t, nbytes, parts))
         return t
 
     for i, w in enumerate(works):
         if barriers and w.region != current_region:
             t = close_region(current_region) if current_region is not None else 0.0
             if current_region is not None:
-                t += hw.boundary_sync
+                t += hw.boundary_wall
                 busy["sync"] += hw.boundary_sync
                 barrier_time += hw.boundary_sync
                 n_barriers += 1
@@ -418,9 +451,7 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
             t_in = t
             if io:
                 for nbytes, parts in io.loads:
-                    t_issue = max(t, free["sync"]) + hw.dma_issue_hwdge
-                    free["sync"] = t_issue
-                    t_in = max(t_in, dma_slot(t_issue, nbytes, parts))
+                    t_in = max(t_in, dma_slot(t, nbytes, parts))
             for e in free:
                 free[e] = max(free[e], t_in if e in COMPUTE_ENGINES else t)
             free["sync"] = max(free["sync"], t)
@@ -474,11 +505,12 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
             issue_done = s + w.busy
             free[w.engine] = issue_done
             busy[w.engine] += w.busy
-            t0 = max(s + w.per_instr + w.latency, pipe)
+            t0 = max(s + w.per_instr + w.latency, pipe + (1.0 - overlap) * w.latency)
             pipe = t0 + w.occupancy
             busy["dma"] += w.occupancy
             e = max(t0 + w.own, issue_done, end_floor)
             start[i], ready[i] = s, e
+            windows[i] = (s + w.per_instr, e)
             first[i] = t0 + w.own / max(1, w.count)
         for v in w.reads:
             readers[v].append(i)
@@ -497,7 +529,8 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
             exposure[-1] += t - frontier
             frontier = t
     makespan = frontier
-    return Schedule(list(works), start, ready, exposure, makespan, dict(busy), n_barriers, barrier_time, sem_total)
+    return Schedule(list(works), start, ready, exposure, makespan, dict(busy), n_barriers, barrier_time, sem_total,
+                    dma_windows=windows)
 
 
 # ---- aggregation and classification ---------------------------------------------------------------------------

@@ -16,6 +16,13 @@ from typing import Any
 TARGETS = ("trn2", "trn3")
 CONFIDENCE = ("H", "M", "L")
 DATA_FILE = "trainium.json"
+#: the low-confidence parameters a calibration may fit (issue 14 item 3): matmul initiation interval (with the
+#: stationary load), per-instruction fixed cost, cross-engine semaphore, DMA fixed latency and its overlap,
+#: efficiency by bytes per descriptor, hardware-DGE issue cost. Nothing else may be calibrated.
+FITTABLE = ("pe_min_cycles", "engine_fixed_cycles", "semaphore_cross_engine", "dma_fixed_latency",
+            "dma_latency_overlap", "dma_efficiency_s0", "dma_issue_hwdge")
+#: the sourced parameter set (the default everywhere)
+SOURCED = "sourced"
 
 
 @dataclass(frozen=True)
@@ -74,15 +81,39 @@ def validate(data: dict[str, Any] | None = None) -> list[str]:
             problems.append(f"published figure {name}: no source")
         if f.get("confidence") not in CONFIDENCE:
             problems.append(f"published figure {name}: bad confidence {f.get('confidence')!r}")
+    params = data.get("parameters", {})
+    for name, c in (data.get("calibrations") or {}).items():
+        if not isinstance(c, dict):
+            problems.append(f"calibration {name}: not an object")
+            continue
+        if c.get("target") not in targets:
+            problems.append(f"calibration {name}: unknown target {c.get('target')!r}")
+        for key in ("date", "kernel", "method", "source"):
+            if not isinstance(c.get(key), str) or not c[key].strip():
+                problems.append(f"calibration {name}: no {key}")
+        if not isinstance(c.get("figures"), dict) or not c["figures"]:
+            problems.append(f"calibration {name}: no fitted figures")
+        values = c.get("values")
+        if not isinstance(values, dict) or not values:
+            problems.append(f"calibration {name}: no values")
+            continue
+        for k, v in values.items():
+            if k not in FITTABLE:
+                problems.append(f"calibration {name}: {k} is not a low-confidence parameter a fit may change")
+            elif k not in params:
+                problems.append(f"calibration {name}: no parameter {k}")
+            if not isinstance(v, (int, float)):
+                problems.append(f"calibration {name}: {k} is not a number")
     return problems
 
 
 class HardwareParams:
     """The parameters of one target; attribute access returns the value (``hw.dma_bandwidth_core``)."""
 
-    def __init__(self, target: str, params: dict[str, Param]) -> None:
+    def __init__(self, target: str, params: dict[str, Param], parameter_set: str = SOURCED) -> None:
         self.target = target
         self._params = params
+        self.parameter_set = parameter_set
 
     def __getattr__(self, name: str) -> Any:
         params = self.__dict__.get("_params", {})
@@ -102,7 +133,7 @@ class HardwareParams:
         for k, v in values.items():
             p = params[k]
             params[k] = Param(k, self.target, v, p.unit, f"what-if: {reason} (data file: {p.value})", "L", p.note)
-        return HardwareParams(self.target, params)
+        return HardwareParams(self.target, params, self.parameter_set)
 
     def table(self) -> list[dict[str, Any]]:
         """Rows for reports: name, value, unit, confidence, source."""
@@ -111,8 +142,13 @@ class HardwareParams:
 
 
 @lru_cache(maxsize=None)
-def load_params(target: str) -> HardwareParams:
-    """The parameters of ``target`` (``trn2`` or ``trn3``); raises if the data file does not validate."""
+def load_params(target: str, parameter_set: str = SOURCED) -> HardwareParams:
+    """The parameters of ``target`` (``trn2`` or ``trn3``); raises if the data file does not validate.
+
+    ``parameter_set``: ``"sourced"`` (the default: every value from its public source) or the name of a
+    calibration in the data file (``calibrations``), whose fitted values replace the low-confidence ones, each
+    with the calibration as its source. Why selectable and never the default: a fit to one kernel's profile is a
+    measurement-derived source for a few parameters, not a vendor figure; reports say which set they use."""
     data = raw_data()
     if target not in data.get("targets", TARGETS):
         raise ValueError(f"unknown target {target!r}; the cost model knows {', '.join(data.get('targets', TARGETS))}")
@@ -123,7 +159,25 @@ def load_params(target: str) -> HardwareParams:
     for name, p in data["parameters"].items():
         params[name] = Param(name, target, p["values"][target], p["unit"], _per_target(p["source"], target),
                              _per_target(p["confidence"], target), p.get("note", ""))
-    return HardwareParams(target, params)
+    if parameter_set != SOURCED:
+        cal = (data.get("calibrations") or {}).get(parameter_set)
+        if cal is None:
+            known = ", ".join([SOURCED, *sorted(data.get("calibrations") or {})])
+            raise ValueError(f"unknown parameter set {parameter_set!r}; the data file has {known}")
+        if cal["target"] != target:
+            raise ValueError(f"calibration {parameter_set!r} is for {cal['target']}, not {target}")
+        for name, v in cal["values"].items():
+            p = params[name]
+            params[name] = Param(name, target, v, p.unit,
+                                 f"calibration {parameter_set} ({cal['date']}): {cal['source']}; sourced value "
+                                 f"{p.value} ({p.source})", "M", p.note)
+    return HardwareParams(target, params, parameter_set)
+
+
+def calibrations(target: str | None = None) -> dict[str, dict[str, Any]]:
+    """The calibrated parameter sets of the data file (of ``target`` when given), by name."""
+    cals = raw_data().get("calibrations") or {}
+    return {k: v for k, v in cals.items() if target is None or v.get("target") == target}
 
 
 @dataclass(frozen=True)

@@ -38,22 +38,28 @@ def test_bench_command(tmp_path, capsys):
     assert data["like_for_like"] == []  # no published figures for the tiny model
 
 
-def test_bench_reports_a_kernel_the_pipeline_refuses_as_not_run(tmp_path, capsys):
-    """8192 positions: the attention scratch of the kernel needs 224 KiB of SBUF per partition; trn2 has 208 KiB
-    usable, trn3 240. The trn2 row is not run (no kernel built some other way, no traceback), trn3 still runs."""
+def test_bench_reports_a_kernel_the_pipeline_refuses_as_not_run(tmp_path, capsys, monkeypatch):
+    """A 32 KiB SBUF budget (``FUSEGRAPH_SBUF_BUDGET``): the kernel needs more on every target, so both rows are
+    not run (no kernel built some other way, no traceback), and the same bench without the budget runs."""
     out = tmp_path / "perf.json"
-    assert main(["bench", "--models", "llama-tiny", "--targets", "trn2,trn3", "--layers", "1", "--cache-len", "8192",
+    monkeypatch.setenv("FUSEGRAPH_SBUF_BUDGET", str(32 * 1024))
+    assert main(["bench", "--models", "llama-tiny", "--targets", "trn2,trn3", "--layers", "1",
                  "--no-per-op", "--json", str(out)]) == 0
     captured = capsys.readouterr()
     assert "Traceback" not in captured.out + captured.err
     rows = {r["target"]: r for r in json.loads(out.read_text())["rows"]}
-    assert rows["trn2"]["status"] == "not run" and rows["trn2"]["stage"] == "codegen"
-    assert rows["trn2"]["reason"].startswith("BudgetError: the kernel needs ")
-    assert "SBUF per partition but trn2 has" in rows["trn2"]["reason"] and "\n" not in rows["trn2"]["reason"]
-    assert "megakernel_ms" not in rows["trn2"]
-    assert rows["trn3"]["status"] == "run" and rows["trn3"]["megakernel_ms"] > 0
+    for t in ("trn2", "trn3"):
+        assert rows[t]["status"] == "not run" and rows[t]["stage"] == "codegen"
+        assert rows[t]["reason"].startswith("BudgetError: the kernel needs ")
+        assert f"SBUF per partition but {t} has 32.0 KiB" in rows[t]["reason"] and "\n" not in rows[t]["reason"]
+        assert "megakernel_ms" not in rows[t]
     lines = [ln for ln in captured.out.splitlines() if ln.startswith("llama-tiny  trn2")]
     assert len(lines) == 2 and all("not run: BudgetError: the kernel needs " in ln for ln in lines)  # both tables
+    monkeypatch.delenv("FUSEGRAPH_SBUF_BUDGET")
+    assert main(["bench", "--models", "llama-tiny", "--targets", "trn3", "--layers", "1", "--no-per-op",
+                 "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["status"] == "run" and row["megakernel_ms"] > 0
 
 
 def test_report_html_flag(tmp_path):

@@ -51,6 +51,8 @@ class Context:
     specs: dict = field(default_factory=dict)  # kernel argument name -> bind.ArgSpec (kernel shapes/dtypes)
     lnc: int = 1  # 2: the two cores of a logical core split the work (program id `pid`)
     store_only: set = field(default_factory=set)  # values read only by Store instructions (no exchange needed)
+    stores: dict = field(default_factory=dict)  # value read by exactly one Store -> that Store's HBM output
+    stored: set = field(default_factory=set)  # values their producer wrote to HBM itself (their Store: nothing)
 
     def split(self, n: int) -> int:
         """Items per core when ``n`` items are split between the LNC=2 cores (0: not split)."""

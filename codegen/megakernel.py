@@ -31,7 +31,7 @@ from .errors import CodegenError
 from .ir import assign_names
 from .layout import Layout
 from .ops.io import Store
-from .plan import Budget, plan_layouts, sbuf_budget
+from .plan import Budget, live_activation_peak, plan_layouts, sbuf_budget
 from .render import nl_dtype, render, templates_hash
 from .stream import resolve
 
@@ -80,8 +80,13 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
         for v in ins.reads():
             readers.setdefault(v.name, set()).add(type(ins))
     store_only = {n for n, kinds in readers.items() if kinds == {Store}}
+    store_dsts: dict[str, list] = {}
+    for ins in program.instructions:
+        if isinstance(ins, Store) and ins.x.name in store_only:
+            store_dsts.setdefault(ins.x.name, []).append(ins.dst)
     ctx = Context(tokens=T, layouts=layouts, target=target, chunk_bytes=chunk_bytes, consts={}, inputs={},
-                  specs=specs, lnc=lnc, store_only=store_only)
+                  specs=specs, lnc=lnc, store_only=store_only,
+                  stores={n: d[0] for n, d in store_dsts.items() if len(d) == 1})
     constants: dict[str, torch.Tensor] = {}
     for ins in program.instructions:
         for key, const in ins.constants(ctx).items():
@@ -94,10 +99,12 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
         pre_code += ins.setup(ctx)
 
     pieces: list = []
+    module_code: list[str] = []
     failures: list[tuple[ir.Instruction, CodegenError]] = []
     current_layer: object = "start"
     peak_scratch, peak_psum = 0, 0
     act_bytes: dict[str, int] = {}
+    scratch_at: dict[int, int] = {}
     for i, ins in enumerate(program.instructions):
         if ins.layer != current_layer:
             current_layer = ins.layer
@@ -105,14 +112,17 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
             pieces.append(render("layer_banner.j2", indent=4, title=title))
         try:
             em = ins.emit(ctx, i)
+            helpers = ins.module_code(ctx)  # module-level code before the kernel (an LLM island's sub-function)
         except CodegenError as e:
             failures.append((ins, e))
             continue
+        module_code += [h for h in helpers if h not in module_code]
         pieces.extend(em.pieces)
         peak_scratch = max(peak_scratch, em.sbuf)
+        scratch_at[i] = em.sbuf
         peak_psum = max(peak_psum, em.psum_banks)
         for v in ins.writes():
-            if v.kind == ir.ValueKind.ACT:
+            if v.kind == ir.ValueKind.ACT and v.name not in ctx.stored:  # stored by its producer: never whole
                 lay = layouts[v.name]
                 act_bytes[v.name] = lay.FT * T * torch.empty((), dtype=v.dtype).element_size()
     if failures:
@@ -121,20 +131,16 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
         err.causes = tuple(str(e) for _, e in failures)
         raise err
     body, stream_stats = resolve(pieces, ring)
-    # persistent: constants + per-step inputs + ring; live activations: at most one layer's worth at a time
-    per_layer_acts: dict[object, int] = {}
-    for ins in program.instructions:
-        for v in ins.writes():
-            if v.name in act_bytes:
-                per_layer_acts[ins.layer] = per_layer_acts.get(ins.layer, 0) + act_bytes[v.name]
+    # persistent: constants + per-step inputs + ring; activations live at once + that instruction's scratch
+    live_acts, live_scratch, _ = live_activation_peak(program, act_bytes, scratch_at)
     const_bytes = sum(t[0].numel() * t.element_size() if t.dim() > 1 else t.element_size()
                       for t in constants.values())
     budget = Budget(target=target, sbuf_budget=sbuf_budget(target, sbuf_budget_bytes))
     budget.items = {
         "weight ring": stream_stats["ring_bytes_per_partition"],
         "constants": const_bytes,
-        "activations (largest layer)": max(per_layer_acts.values(), default=0),
-        "instruction scratch (largest)": peak_scratch,
+        "activations (live at the peak)": live_acts,
+        "instruction scratch (at the peak)": live_scratch,
     }
     budget.sbuf_peak = sum(budget.items.values())
     budget.psum_peak_banks = peak_psum
@@ -147,6 +153,7 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
     source = cached_source if cached_source is not None else (
         render("header.j2", version=_version(), model=model or "?", region=region or "decoder stack", target=target,
                tokens=T, layers=len(program.layers()), ring=ring, lnc=lnc)
+        + "".join(module_code)
         + render("kernel_open.j2", name=name, args=args, outputs=outputs, constants=const_loads, lnc=lnc)
         + "".join(pre_code)
         + body

@@ -121,3 +121,35 @@ class Budget:
             )
         if self.psum_peak_banks > PSUM_BANKS:
             raise BudgetError(f"the kernel needs {self.psum_peak_banks} PSUM banks at once; {self.target} has {PSUM_BANKS}")
+
+
+def live_activation_peak(program: ir.KernelProgram, act_bytes: dict[str, int],
+                         scratch: dict[int, int]) -> tuple[int, int, int]:
+    """``(activations, scratch, index)`` at the instruction where live activations plus its own scratch peak.
+
+    Why liveness and not "one layer's activations": with a batch every activation is ``T`` times larger (Llama-3-8B
+    at 64 tokens: 133 KiB for one layer's values, which are never all alive at once), and the compiler (and the
+    interpreter, docs/interpreter.md) frees a tile after its last use. A value is live from the first instruction
+    writing it to the last one reading it; an instruction's scratch (``Emitted.sbuf``) is live during it."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, ins in enumerate(program.instructions):
+        for v in ins.writes():
+            if v.name in act_bytes:
+                first.setdefault(v.name, i)
+                last[v.name] = max(last.get(v.name, i), i)
+        for v in ins.reads():
+            if v.name in act_bytes and v.name in first:
+                last[v.name] = i
+    n = len(program.instructions)
+    delta = [0] * (n + 1)
+    for name, a in first.items():
+        delta[a] += act_bytes[name]
+        delta[last[name] + 1] -= act_bytes[name]
+    best = (0, 0, 0)
+    live = 0
+    for i in range(n):
+        live += delta[i]
+        if live + scratch.get(i, 0) > best[0] + best[1]:
+            best = (live, scratch.get(i, 0), i)
+    return best

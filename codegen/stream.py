@@ -10,6 +10,11 @@ streams, each with its own ring of ``R`` buffers:
   start before the router has run (``earliest``); they go through their own ring and DMA queue so that, while
   they wait, the static stream keeps prefetching the next layer's weights.
 
+A chunk may be *guarded* (``guard = (start, stop)``, two registers): its DMA runs inside
+``for _ in nl.dynamic_range(start=start, stop=stop)``, i.e. only when the kernel decided at run time that the chunk
+is needed (an expert slot no token chose skips its weight reads). Its ring slot is allocated either way; the code
+that reads the chunk carries the same guard, so a skipped chunk is never read.
+
 The emitters place :class:`ChunkUse` markers; :func:`resolve` turns them into code.
 """
 from __future__ import annotations
@@ -34,6 +39,7 @@ class Chunk:
     earliest: int  # index of the first instruction allowed to issue the DMA
     nbytes_per_partition: int
     stream: str = "static"
+    guard: tuple[str, str] | None = None  # (start, stop) registers: the DMA runs only when range(start, stop) has one step
     uid: int = field(default_factory=lambda: next(_ids))
 
     @property
@@ -66,8 +72,12 @@ def resolve(pieces: list, ring: int, indent: int = 4) -> tuple[str, dict]:
                 break  # depends on a value this point of the kernel does not have yet
             c = nxt.chunk
             dge = ", dge_mode=nisa.dge_mode.swdge" if s == "dynamic" else ""
-            out.append(render("dma_chunk.j2", indent=indent, var=names[c.uid], shape=c.shape, dtype=c.dtype,
-                              src=c.src, name=c.name, dge=dge))
+            if c.guard is None:
+                out.append(render("dma_chunk.j2", indent=indent, var=names[c.uid], shape=c.shape, dtype=c.dtype,
+                                  src=c.src, name=c.name, dge=dge))
+            else:
+                out.append(render("dma_chunk_guarded.j2", indent=indent, var=names[c.uid], shape=c.shape,
+                                  dtype=c.dtype, src=c.src, name=c.name, dge=dge, start=c.guard[0], stop=c.guard[1]))
             loaded[s] += 1
 
     for p in pieces:

@@ -56,8 +56,8 @@ def test_generate_with_fusegraph_equals_eager(name, batch, pad):
 
 def test_generate_sliding_window_padded_batch_once_the_window_is_full():
     """Mistral with a 32-position sliding window, a padded batch of 2, generating past the window: once HF's cache
-    rolls, the step recompiles and parts of it run eagerly (rolling windows inside the kernel are future work),
-    but the run never raises and the tokens equal eager generation."""
+    rolls, the step recompiles (the rolled version runs its roll inside the kernel, patterns/sliding_window_cache.py;
+    tests/serving/test_window_roll.py checks that), the run never raises and the tokens equal eager generation."""
     from fusegraph.models import build_family_decode
 
     model = build_family_decode("Mistral", sliding_window=32).model

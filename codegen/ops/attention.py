@@ -1,9 +1,29 @@
-"""Grouped-query decode attention over the whole static cache with an additive mask (+ Gemma 2 soft-capping).
+"""Grouped-query decode attention over a static KV cache with an additive mask (+ Gemma 2 soft-capping).
 
-Per kv head: K row tiles transposed on the Tensor engine, scores for the head group, scale (+ ``tanh``
-soft-capping) + mask, softmax (``tensor_reduce`` max, ``activation(exp)`` with reduce, ``reciprocal``), P^T V
-accumulated over position tiles. The score rounding follows the captured implementation: HF eager rounds to the
-query dtype after each op, SDPA keeps fp32 (the match's ``variant``).
+Two templates, chosen by the cache length (:func:`stream_plan`):
+
+* ``attention.j2`` (caches of up to :data:`STREAM_ABOVE` positions): per kv head the whole K^T and score row in
+  SBUF, K row tiles transposed on the Tensor engine, scores for the head group, scale (+ ``tanh``
+  soft-capping) + mask, softmax (``tensor_reduce`` max, ``activation(exp)`` with reduce, ``reciprocal``), P^T V
+  accumulated over position tiles. Rounds exactly like eager (probabilities normalized, then rounded).
+* ``attention_stream.j2`` (longer caches): flash-decoding. The cache is read in blocks of ``Lb`` positions
+  through SBUF with an online softmax (running max and sum and the unnormalized output in fp32), so SBUF use
+  does not grow with the cache. A core's kv heads (in groups of :func:`head_group`, at most 128 rows) share one
+  ``[heads x G, Lb]`` score tile: q is zero-padded per head and the heads' score matmuls accumulate into one PSUM
+  tile (each row gets only its own head's q.k^T; the others add exact zeros), likewise P^T for P.V, so every
+  Vector/Scalar softmax instruction runs once per block for all of them (its cost is its free size, not its
+  partitions). One K and one V DMA per block load all the group's heads, each partition holding ``Lb / 128``
+  consecutive positions (one descriptor run of ``Lb / 128 x D`` elements instead of one row); K^T columns are
+  copied back into position order and P^T tiles taken with that stride. When the step's KV write gives each
+  sequence's position, blocks past it are never read (a hardware loop, ``nl.dynamic_range``, bounded by a
+  register loaded from the position). Under LNC=2 the kv heads are split between the two cores as before; with
+  an odd number of kv heads the *blocks* are split instead (each core reads every other block) and the two
+  running states are combined with one ``sendrecv``. Rounding: scores exactly as below; the probabilities are
+  rounded before normalization (``exp(s - running max)`` in the query dtype, the sum and the rescaling in fp32,
+  one division at the end), see docs/serving.md for the tolerance.
+
+The score rounding follows the captured implementation: HF eager rounds to the query dtype after each op, SDPA
+keeps fp32 (the match's ``variant``).
 """
 from __future__ import annotations
 
@@ -13,7 +33,7 @@ from typing import Any, ClassVar
 import torch
 
 from .. import ir
-from ..emitters import MOVING_MAX, PSUM_FREE_FP32, Context, Emitted, aten, expr, inst_name, nbytes, tiles
+from ..emitters import MOVING_MAX, PSUM_FREE_FP32, Context, Emitted, aten, code, expr, inst_name, nbytes, tiles
 from ..errors import CodegenError
 from ..layout import PMAX
 from ..lowering import Lowerer
@@ -21,6 +41,56 @@ from ..registry import register_lowering
 from ..render import nl_dtype
 
 V = ir.ValueKind
+
+#: caches longer than this are streamed (flash-decoding); up to it the single-pass template keeps the whole row
+STREAM_ABOVE = 2048
+#: the largest streamed block, in positions (one K and one V DMA of Lb x head_dim per block and kv head)
+BLOCK_MAX = 2048
+#: the largest SBUF scratch per partition a streamed block may take (a smaller block is chosen above it)
+STREAM_SCRATCH_MAX = 64 * 1024
+KV_INDEX = "kv_index"  # the SBUF tile of this step's cache positions (loaded once per step, shared with KV writes)
+
+
+def stream_plan(L: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int, *, pos_split: bool = False,
+                block: int = 0, heads: int = 1) -> tuple[int, int] | None:
+    """(block positions, SBUF scratch per partition) of the streamed template for a cache of ``L`` positions, or
+    None when the single-pass template takes it (``block``: force streaming with this block size, for tests).
+    Blocks are multiples of 128 positions that divide ``L`` (both cores need a block each under a block split);
+    ``heads``: kv heads sharing one score tile (:func:`head_group`), whose K/V tiles a block holds at once."""
+    if not block and L <= STREAM_ABOVE:
+        return None
+    if L % PMAX:
+        raise CodegenError(f"a streamed attention over {L} cache positions needs a multiple of {PMAX} positions")
+    top = min(block or BLOCK_MAX, L // 2 if pos_split else L)
+    best = None
+    for Lb in range(PMAX, top + 1, PMAX):
+        if L % Lb:
+            continue
+        scratch = _stream_scratch(Lb, D, G, split, kvb, qb, mb, sb, pos_split, heads)
+        if best is None or scratch <= STREAM_SCRATCH_MAX:
+            best = (Lb, scratch)
+    if best is None:
+        raise CodegenError(f"no block of {PMAX}-multiples divides {L} cache positions"
+                           + (" twice (LNC=2 splits the blocks between the cores)" if pos_split else ""))
+    return best
+
+
+def _stream_scratch(Lb: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int, pos_split: bool,
+                    heads: int = 1) -> int:
+    """SBUF bytes per partition of one streamed block, counted twice: the next block's tiles are allocated while
+    this block's are live (double-buffered K/V loads); plus the zero-padded q and P^T tiles, allocated once."""
+    nb = Lb // PMAX
+    R = heads * G
+    block = (2 * heads * nb * D * kvb + heads * split * Lb * kvb + Lb * (mb + sb + qb)
+             + D * 4 + D * qb + 8 * 4 + (2 * (D + 2) * 4 if pos_split else 0))
+    return 2 * block + heads * nb * R * qb + split * heads * R * qb
+
+
+def head_group(heads: int, G: int) -> int:
+    """kv heads whose scores share one [heads x G, Lb] tile: the largest divisor of a core's ``heads`` with at most
+    128 rows. Why: the Vector/Scalar cost of a score op is its free size, whatever its partition count, so one
+    instruction over all heads' rows replaces one per kv head."""
+    return max((d for d in range(1, heads + 1) if heads % d == 0 and d * G <= PMAX), default=1)
 
 
 @dataclass
@@ -37,10 +107,31 @@ class Attention(ir.Instruction):
     groups: int  # query heads per kv head
     rounding: str = "eager"  # "eager": scores rounded to q's dtype after each op, like HF eager; "fused": fp32 (SDPA)
     softcap: float = 0.0  # Gemma 2: scores -> tanh(scores / softcap) * softcap before the mask (0: off)
+    #: INPUT [T] int32: the position each sequence writes this step (its KV write's index); a streamed attention
+    #: reads only the blocks up to it. None: every block (a full sliding window, no KV write in the kernel)
+    index: ir.Value | None = None
+    block: int = 0  # force the streamed template with blocks of this many positions (0: by the cache length)
 
     def constrain(self, c: ir.Constraints) -> None:
         c.heads(self.q, self.k_cache.shape[-1])
         c.heads(self.out, self.k_cache.shape[-1])
+
+    def _plan(self, ctx: Context) -> tuple[int, int] | None:
+        Hkv, L, D = self.kv_dims()
+        lay = ctx.layout(self.q)
+        exact = self.q.dtype != torch.float32 and self.rounding == "eager"
+        return stream_plan(L, D, self.groups, lay.split, nbytes(self.k_cache.dtype), nbytes(self.q.dtype),
+                           nbytes(self.mask.dtype), nbytes(self.q.dtype) if exact else 4,
+                           pos_split=ctx.lnc == 2 and not ctx.split(Hkv), block=self.block,
+                           heads=head_group(ctx.split(Hkv) or Hkv, self.groups))
+
+    def setup(self, ctx: Context) -> list[str]:
+        """A streamed attention bounded by the sequences' positions reads them from the step's ``kv_index`` tile
+        (loaded once per step; the KV writes share it)."""
+        if self.index is None or KV_INDEX in ctx.inputs or self._plan(ctx) is None:
+            return []
+        ctx.inputs[KV_INDEX] = KV_INDEX
+        return [code("kv_index.j2", T=ctx.tokens, index=self.index.name)]
 
     def emit(self, ctx: Context, i: int) -> Emitted:
         B, Hkv, L, D = self.k_cache.shape
@@ -56,6 +147,9 @@ class Attention(ir.Instruction):
                                f"{ctx.layout(self.out)})")
         if G > PMAX or lay.P > PMAX or S * G > PSUM_FREE_FP32:
             raise CodegenError(f"attention group {G} or head size {D} exceeds {PMAX} partitions")
+        plan = self._plan(ctx)
+        if plan is not None:
+            return self._emit_streamed(ctx, plan)
         v = ctx.var(self.out)
         kvb = nbytes(self.k_cache.dtype)
         qb = nbytes(self.q.dtype)
@@ -80,6 +174,61 @@ class Attention(ir.Instruction):
                g_range=expr("exprs.j2", "core_range", per_core=per_core, total=Hkv),
                half=per_core * G if per_core else 0, whole=L > PMAX and L % PMAX == 0, split=S, P=lay.P)
         return e
+
+    def _emit_streamed(self, ctx: Context, plan: tuple[int, int], **paged: Any) -> Emitted:
+        """The streamed template; ``paged`` (from :class:`~.paged_attention.PagedAttention`): the K/V loads become
+        block-table gathers over a static loop of blocks."""
+        Hkv, L, D = self.kv_dims()
+        Hq, G, T = self.q.features // D, self.groups, ctx.tokens
+        lay = ctx.layout(self.q)
+        S, P = lay.split, lay.P
+        Lb, _ = plan
+        nb = Lb // PMAX
+        if D * 4 > PSUM_FREE_FP32 * 4 or D + 2 > PSUM_FREE_FP32:
+            raise CodegenError(f"a streamed attention keeps [G, {D}] outputs in one PSUM bank")
+        v = ctx.var(self.out)
+        kvb, qb = nbytes(self.k_cache.dtype), nbytes(self.q.dtype)
+        exact = self.q.dtype != torch.float32 and self.rounding == "eager"
+        per_core = ctx.split(Hkv)
+        pos_split = paged.pop("pos_split", ctx.lnc == 2 and not per_core)
+        dynamic = paged.pop("dynamic", self.index is not None and KV_INDEX in ctx.inputs)
+        nblocks = L // Lb
+        more = paged.pop("more", nblocks > (2 if pos_split else 1))
+        cap = self.softcap
+        # the core's kv heads in groups of HC sharing one [R, Lb] score tile (zero-padded q and P^T, see the template)
+        HC = head_group(per_core or Hkv, G)
+        R = HC * G
+        scratch = _stream_scratch(Lb, D, G, S, kvb, qb, nbytes(self.mask.dtype), qb if exact else 4, pos_split, HC)
+        e = Emitted(sbuf=scratch + Hq * S * T * qb, psum_banks=5)
+        kgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (PMAX * kvb)))  # K^T tiles per 2 KiB PSUM tile
+        pgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (R * qb)))  # P^T tiles per PSUM tile
+        names = {k: f"{v}_{k}" for k in ("kn", "vn", "mk", "kT", "kps", "s", "sps", "nm", "l", "acc", "bm", "alpha",
+                                           "p", "lb", "pTz", "pTps", "ops", "st", "sto", "rl", "o", "oTps", "npos",
+                                           "qz", "kh")}
+        e.code("attention_stream.j2", module=self.module or "", aten=aten(self), name=inst_name(self), D=D, P=P,
+               split=S, Hq=Hq, Hkv=Hkv, G=G, L=L, Lb=Lb, nb=nb, T=T, out=v, dtype=nl_dtype(self.out.dtype),
+               kv_dtype=nl_dtype(self.k_cache.dtype), mask_hbm=ctx.var(self.mask),
+               mask_dtype=nl_dtype(self.mask.dtype), q=ctx.var(self.q), k_cache=ctx.var(self.k_cache),
+               v_cache=ctx.var(self.v_cache), chunks=[(c, n) for c, n, _ in tiles(Lb, MOVING_MAX)],
+               kgroups=[(c, n) for c, n, _ in tiles(nb, kgroup)], pgroups=[(c, n) for c, n, _ in tiles(nb, pgroup)],
+               kgroup=kgroup, scale=repr(float(self.scale)), exact_rounding=exact,
+               score_dtype=nl_dtype(self.q.dtype if exact else torch.float32),
+               softcap=repr(float(cap)) if cap else "", inv_softcap=repr(1.0 / cap) if cap else "",
+               scale_over_cap=repr(float(self.scale) / cap) if cap else "",
+               g_range=expr("exprs.j2", "core_range", per_core=per_core, total=Hkv),
+               half=per_core * G if per_core else 0, pos_split=pos_split, dynamic=dynamic, HC=HC, R=R,
+               ngroups=(per_core or Hkv) // HC, head0=f"pid * {per_core} + " if per_core else "",
+               q_dtype=nl_dtype(self.q.dtype),
+               index=ctx.inputs.get(KV_INDEX, ""), more=more, i=f"{v}_pos",
+               loop_start=f"{2 * Lb - 1} + pid * {Lb}" if pos_split else str(Lb - 1),
+               loop_step=2 * Lb if pos_split else Lb, nblocks=nblocks,
+               **{"paged": False, "segments": [], "table": "", "MB": 0, **paged}, **names)
+        return e
+
+    def kv_dims(self) -> tuple[int, int, int]:
+        """(kv heads, cache positions, head size) of the cache this attention reads."""
+        _, Hkv, L, D = self.k_cache.shape
+        return Hkv, L, D
 
     def reference(self, env: dict[str, torch.Tensor]) -> None:
         k, v = env[self.k_cache.name], env[self.v_cache.name]
@@ -129,5 +278,14 @@ def lower_attention(L: Lowerer, m: Any) -> None:
     out = L.new_act(L.output(m), L.label(m, "attn"))
     # the pattern's SDPA implementations keep the scores in fp32; its eager one rounds them like HF eager
     rounding = "fused" if str(getattr(m, "variant", "")).startswith("sdpa") else "eager"
+    # the positions this step's KV write of these keys uses bound what a streamed attention reads (positions
+    # after the one a sequence writes are masked: HF's causal masks, the serving steps' length masks)
+    index = kv_positions(L).get(k.name)
     L.emit(Attention(q=q, k_cache=k, v_cache=v, mask=mask, out=out, scale=scale, groups=groups, rounding=rounding,
-                     softcap=float(m.params.get("softcap") or 0.0)), m)
+                     softcap=float(m.params.get("softcap") or 0.0), index=index), m)
+
+
+def kv_positions(L: Lowerer) -> dict[str, ir.Value]:
+    """Cache value name -> the per-sequence position input its KV write used in this kernel (filled by the KV-write
+    lowerings, which come first: attention reads the updated cache)."""
+    return L.shared.setdefault("kv_positions", {})

@@ -1,5 +1,16 @@
-"""MoE experts: per token and chosen expert, gate/up and down weights fetched by expert-id-indexed DMA (only the
-chosen experts are read, on the dynamic weight stream); routing weights broadcast by a selector matmul."""
+"""MoE experts: only the chosen experts' weights are read, by expert-id-indexed DMA on the dynamic weight stream.
+
+* One token (batch 1): per chosen expert ``idx[0, k]``, its gate/up and down weights and a GEMV; routing weights
+  broadcast by a selector matmul.
+* ``T > 1`` tokens: grouped by expert. One-hot rows over the experts built on chip from the router's indices give
+  each expert's token count; the chosen experts are compacted in expert order (``max8`` / ``nc_match_replace8``)
+  into ``S = min(E, T * k)`` *slots*. Slot ``s`` streams the ``s``-th chosen expert's weights once and applies them
+  to all ``T`` tokens (tokens moving), weighting each token by its routing weight for that expert (0 when it did
+  not choose it). A slot with no expert (fewer than ``S`` chosen) skips its DMAs and compute at run time
+  (``nl.dynamic_range`` over registers loaded from the slot's flag): an expert chosen by several tokens is read
+  once per step, an expert nobody chose not at all. Accumulation is in expert order (fp32, each term rounded to
+  the model dtype), not in top-k rank order: see docs/serving.md "Batches".
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,12 +23,13 @@ from fusegraph.matching.activations import activation
 
 from .. import ir
 from .. import weights as W
-from ..emitters import Context, Emitted, act_op, aten, expr, inst_name, linear_pieces, nbytes
+from ..emitters import IND, Context, Emitted, act_op, aten, code, expr, inst_name, linear_pieces, nbytes
 from ..errors import CodegenError
-from ..layout import PMAX, Layout, experts_intermediate_layout
+from ..layout import PMAX, Layout, experts_intermediate_layout, largest_divisor
 from ..lowering import Lowerer
 from ..registry import register_lowering
 from ..render import nl_dtype
+from ..stream import ChunkUse
 
 
 @dataclass
@@ -44,11 +56,42 @@ class Experts(ir.Instruction):
         add(self.gate_up, f"experts_gate_up:{lx}:{gu_out}", lambda t, a=lx, b=gu_out: W.experts(t, a, b))
         add(self.down, f"experts_down:{mid}:{lo}", lambda t, a=mid, b=lo: W.experts(t, a, b))
 
+    def slots(self, tokens: int) -> int:
+        """Expert slots of the grouped path: at most every expert, at most one per (token, choice)."""
+        return min(self.gate_up.shape[0], tokens * self.weights.shape[-1])
+
+    def _tiles(self) -> tuple[int, int]:
+        """Experts on partitions (``EP``) x tiles (``ET``) for the per-expert affinity rows."""
+        E = self.gate_up.shape[0]
+        EP = largest_divisor(E)
+        return EP, E // EP
+
     def constants(self, ctx: Context) -> dict[str, ir.Constant]:
+        if ctx.tokens > 1:
+            return {"c_ones": ir.Constant(W.ones(PMAX), "ones")}
         dt = str(self.weights.dtype).split(".")[-1]
         return {f"c_sel_{dt}": ir.Constant(W.token_selectors(ctx.tokens, PMAX, self.weights.dtype), "selectors")}
 
+    def setup(self, ctx: Context) -> list[str]:
+        """Grouped path: the iota tables the grouping compares against, shared by every layer."""
+        T = ctx.tokens
+        if T == 1:
+            return []
+        E, S = self.gate_up.shape[0], self.slots(T)
+        EP, ET = self._tiles()
+        names = {"iota": (f"moe_iota:{T}:{E}", f"moe_iota_{T}x{E}"), "rev": (f"moe_rev:{E}", f"moe_rev_{E}"),
+                 "eidx": (f"moe_eidx:{EP}:{ET}:{S}", f"moe_eidx_{EP}x{ET}x{S}")}
+        new = {k: var for k, (key, var) in names.items() if key not in ctx.inputs}
+        for k, (key, var) in names.items():
+            ctx.inputs.setdefault(key, var)
+        if not new:
+            return []
+        return [code("experts_group_tables.j2", T=T, E=E, EP=EP, ET=ET, S=S, iota=new.get("iota"),
+                     rev=new.get("rev"), eidx=new.get("eidx"))]
+
     def emit(self, ctx: Context, i: int) -> Emitted:
+        if ctx.tokens > 1:
+            return self._emit_grouped(ctx, i)
         lx = ctx.layout(self.x)
         T = ctx.tokens
         K = self.weights.shape[-1]
@@ -105,6 +148,74 @@ class Experts(ir.Instruction):
                lnc=bool(kh))
         return e
 
+    def _emit_grouped(self, ctx: Context, i: int) -> Emitted:
+        """T > 1 tokens: grouped by expert (see the module docstring)."""
+        T = ctx.tokens
+        if T > PMAX:
+            raise CodegenError(f"MoE experts over {T} tokens: the routing tiles hold at most {PMAX} tokens")
+        K = self.weights.shape[-1]
+        E = self.gate_up.shape[0]
+        S = self.slots(T)
+        R = -(-S // 8)
+        EP, ET = self._tiles()
+        _, Pk, NTg, KT, Pg = ctx.shape(self.gate_up)
+        _, Pi, NTo, KTi, Ph = ctx.shape(self.down)
+        if NTg % 2 or NTg // 2 != KTi or Pg != Pi:
+            raise CodegenError("experts gate/up output layout must split evenly into gate and up halves")
+        name = inst_name(self)
+        out = ctx.var(self.out)
+        dt = self.out.dtype
+        db = nbytes(dt)
+        half = ctx.split(S)  # LNC=2: core pid runs slots pid, pid + 2, ... (the used slots are a prefix)
+        mine = [(f"pid + {2 * j}" if half else str(j), j) for j in range(half or S)]
+        sbuf = (NTo * T * (4 + db) + 12 * E + 8 * K + 4 * E + 16 * R + 8 * S + 4 * ET * (T + 2 * S)
+                + 4 * T + T * db * (NTg + 2 * KTi + 2 * NTo))
+        e = Emitted(sbuf=sbuf, psum_banks=3)
+        v = f"{out}_"
+        regs = [(f"{v}lo{j}", f"{v}hi{j}", s) for s, j in mine]
+        e.code("experts_group_open.j2", module=self.module or "", aten=aten(self), name=name, K=K, E=E, T=T, S=S, R=R,
+               EP=EP, ET=ET, Ph=Ph, FTh=NTo, acc=f"{v}acc", idxf=f"{v}idxf", wf=f"{v}wf", oh=f"{v}onehot",
+               mask=f"{v}mask", aff=f"{v}aff", cnt=f"{v}count", rank=f"{v}rank", top=f"{v}top", slot=f"{v}slot",
+               bounds=f"{v}bounds", regs=regs, afft=f"{v}affT", atps=f"{v}affT_ps", slotf=f"{v}slotf",
+               sbc=f"{v}slot_bcast", sel=f"{v}sel", indices=ctx.var(self.indices), weights=ctx.var(self.weights),
+               ones=ctx.consts["ones"], iota=ctx.inputs[f"moe_iota:{T}:{E}"], rev=ctx.inputs[f"moe_rev:{E}"],
+               eidx=ctx.inputs[f"moe_eidx:{EP}:{ET}:{S}"])
+        gu, dn = ctx.var(self.gate_up), ctx.var(self.down)
+        for (lo, hi, s), (_, j) in zip(regs, mine):
+            sub = f"{name}.s{j}"
+            sel = f"{v}slot[0:1, nl.ds({s}, 1)]"
+            e.code("experts_group_slot.j2", name=sub, s=s, lo=lo, hi=hi, ws=f"{v}w", wps=f"{v}w_ps", Ph=Ph, T=T,
+                   EP=EP, ET=ET, S=S, sel=f"{v}sel", afft=f"{v}affT")
+            gu_tile = f"{out}_gu"
+            e.code("linear_open.j2", module=f"{self.module or 'experts'} gate/up of expert slot[0, {s}]", aten="bmm",
+                   N=NTg * Pg, K=KT * Pk, out=gu_tile, Pn=Pg, NT=NTg, T=T, dtype=nl_dtype(dt), name=sub,
+                   nchunks="streamed")
+
+            def gu_src(n0: int, n1: int, sel: str = sel) -> str:
+                return expr("exprs.j2", "expert_weight", w=gu, P=Pg, NT=NTg, KT=KT, Pk=Pk, n0=n0, n1=n1, sel=sel)
+
+            _guarded_linear(e, (lo, hi), name=f"{sub}.gu", x=ctx.var(self.x), tok=":", out=gu_tile, w_hbm=gu,
+                            w_src=gu_src, Pk=Pk, KT=KT, Pn=Pg, NT=NTg, T=T, wdtype=self.gate_up.dtype,
+                            chunk_bytes=ctx.chunk_bytes, earliest=i, index=i, stream="dynamic")
+            e.code("experts_group_combine.j2", name=sub, hact=f"{out}_ga", h=f"{out}_h", gu=gu_tile, Pg=Pg, NTh=KTi,
+                   T=T, act_op=act_op(self.act), dtype=nl_dtype(dt), lo=lo, hi=hi)
+            y = f"{out}_y"
+            e.code("linear_open.j2", module=f"{self.module or 'experts'} down of expert slot[0, {s}]", aten="bmm",
+                   N=NTo * Ph, K=KTi * Pi, out=y, Pn=Ph, NT=NTo, T=T, dtype=nl_dtype(dt), name=sub,
+                   nchunks="streamed")
+
+            def dn_src(n0: int, n1: int, sel: str = sel) -> str:
+                return expr("exprs.j2", "expert_weight", w=dn, P=Ph, NT=NTo, KT=KTi, Pk=Pi, n0=n0, n1=n1, sel=sel)
+
+            _guarded_linear(e, (lo, hi), name=f"{sub}.down", x=f"{out}_h", tok=":", out=y, w_hbm=dn, w_src=dn_src,
+                            Pk=Pi, KT=KTi, Pn=Ph, NT=NTo, T=T, wdtype=self.down.dtype, chunk_bytes=ctx.chunk_bytes,
+                            earliest=i, index=i, stream="dynamic")
+            e.code("experts_group_accumulate.j2", name=sub, yw=f"{out}_yw", y=y, ws=f"{v}w", acc=f"{v}acc", Ph=Ph,
+                   FTh=NTo, T=T, dtype=nl_dtype(dt), lo=lo, hi=hi)
+        e.code("experts_close.j2", out=out, acc=f"{v}acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name,
+               lnc=bool(half))
+        return e
+
     def reference(self, env: dict[str, torch.Tensor]) -> None:
         x = env[self.x.name]
         gu, dn = env[self.gate_up.name], env[self.down.name]
@@ -112,17 +223,44 @@ class Experts(ir.Instruction):
         T, K = idx.shape
         act = activation(self.act).fn
         out = torch.zeros(T, x.shape[1], dtype=torch.float32)
-        for t in range(T):
-            for k in range(K):
-                e = int(idx[t, k])
-                g, u = F.linear(x[t:t + 1], gu[e]).chunk(2, dim=-1)
+        if T == 1:  # the per-token kernel: top-k rank order
+            for t in range(T):
+                for k in range(K):
+                    e = int(idx[t, k])
+                    g, u = F.linear(x[t:t + 1], gu[e]).chunk(2, dim=-1)
+                    y = F.linear(act(g) * u, dn[e])
+                    out[t] += (y[0] * w[t, k]).to(x.dtype).float()
+        else:  # the grouped kernel: expert order, each expert applied to every token
+            for e in sorted(set(idx.reshape(-1).tolist())):
+                g, u = F.linear(x, gu[e]).chunk(2, dim=-1)
                 y = F.linear(act(g) * u, dn[e])
-                out[t] += (y[0] * w[t, k]).to(x.dtype).float()
+                for t, k in (idx == e).nonzero().tolist():
+                    out[t] += (y[t] * w[t, k]).to(x.dtype).float()
         env[self.out.name] = out.to(x.dtype)
 
     def shard(self) -> ir.Shard:
         return ir.Shard(("experts", "intermediate"), "by expert (expert parallelism) or each expert's intermediate "
                         "dim (gate/up column-, down row-parallel)")
+
+
+def _guard(piece: str, start: str, stop: str) -> str:
+    """A code piece (rendered at the kernel body's indentation) run only when range(start, stop) has a step."""
+    pad = " " * IND
+    body = "".join(("    " + line) if line.strip() else line for line in piece.splitlines(keepends=True))
+    return f"{pad}for _ in nl.dynamic_range(start={start}, stop={stop}):\n{body}"
+
+
+def _guarded_linear(e: Emitted, guard: tuple[str, str], **kw: Any) -> None:
+    """:func:`~..emitters.linear_pieces` whose weight DMAs and matmuls all run under ``guard``."""
+    sub = Emitted()
+    linear_pieces(sub, **kw)
+    for p in sub.pieces:
+        if isinstance(p, ChunkUse):
+            p.chunk.guard = guard
+            e.pieces.append(p)
+        else:
+            e.pieces.append(_guard(p, *guard))
+    e.psum_banks = max(e.psum_banks, sub.psum_banks)
 
 
 @register_lowering("moe_experts", instructions=[Experts])

@@ -54,6 +54,8 @@ class Store(ir.Instruction):
         c.prefer_pmajor(self.x)
 
     def emit(self, ctx: Context, i: int) -> Emitted:
+        if self.x.name in ctx.stored:  # its producer stored it chunk by chunk (a batch's logits, ops/linear.py)
+            return Emitted()
         lay = ctx.layout(self.x)
         F = self.x.features
         # partition-major: FT contiguous features per partition; chunk-major: one element per descriptor (slow)

@@ -19,6 +19,7 @@ from ..layout import Layout
 from ..lowering import Lowerer, preserves_order
 from ..registry import register_lowering
 from ..render import nl_dtype
+from ..stream import ChunkUse
 from ._common import x_tokens
 
 
@@ -41,7 +42,10 @@ class Linear(ir.Instruction):
         li, lo = ctx.layout(self.x), ctx.layout(self.out)
         T = ctx.tokens
         N, K = self.out.features, self.x.features
-        e = Emitted(sbuf=lo.FT * T * nbytes(self.out.dtype))
+        dst = self._streamed_store(ctx, lo)
+        if dst is not None:
+            return self._emit_streamed(ctx, i, dst)
+        e = Emitted()  # the output tile is an activation: the budget counts it while it is live, not as scratch
         name = inst_name(self)
         out = ctx.var(self.out)
         half = ctx.split(lo.FT)
@@ -70,6 +74,65 @@ class Linear(ir.Instruction):
             e.code("lnc_exchange.j2", what=f"{self.module or 'linear'} output chunks", x=out, half=half, name=name)
         return e
 
+    def _streamed_store(self, ctx: Context, lo: Layout) -> ir.Value | None:
+        """The HBM output this projection stores chunk by chunk, or None to build its whole output in SBUF.
+
+        A kernel output only stored (the logits) need not lie whole in SBUF: at a batch of 64 Llama-3-8B's
+        logits are 125 KiB per partition, Qwen3's 148 KiB, more than the rest of the kernel. When the output
+        tile exceeds one weight chunk's bytes, each weight chunk's output is evicted and stored at once.
+        Only for a partition-major output (what a store prefers), without a bias (its columns are indexed by
+        global chunk), not head-split, and not an LNC=2 output that core 0 stores whole."""
+        dst = ctx.stores.get(self.out.name)
+        if dst is None or self.bias is not None or lo.split != 1 or not lo.pmajor:
+            return None
+        if lo.FT * ctx.tokens * nbytes(self.out.dtype) <= ctx.chunk_bytes:
+            return None
+        if ctx.lnc == 2 and not ctx.split(lo.FT):
+            return None
+        return dst
+
+    def _emit_streamed(self, ctx: Context, i: int, dst: ir.Value) -> Emitted:
+        """Weight chunk by weight chunk: matmuls into PSUM, eviction into a tile of that chunk's outputs, store."""
+        li, lo = ctx.layout(self.x), ctx.layout(self.out)
+        T = ctx.tokens
+        N, K = self.out.features, self.x.features
+        name = inst_name(self)
+        out = ctx.var(self.out)
+        half = ctx.split(lo.FT)
+        base = expr("exprs.j2", "core_base", half=half)
+        chunks = linear_chunks(half or lo.FT, li.FT * lo.P * nbytes(self.weight.dtype), ctx.chunk_bytes)
+        db = nbytes(self.out.dtype)
+        # two chunk tiles: the next chunk evicts while the previous one's store is still in flight
+        e = Emitted(sbuf=2 * max(c1 - c0 for c0, c1 in chunks) * T * db)
+        what = f"{dst.name} [{T}, {N}]"
+        e.code("linear_stream_open.j2", module=self.module or "", aten=aten(self), N=N, K=K, T=T, what=what,
+               nchunks=len(chunks) * (2 if half else 1))
+        w = ctx.var(self.weight)
+        for c0, c1 in chunks:
+            n = c1 - c0
+            e.code("linear_stream_tile.j2", out=out, Pn=lo.P, n=n, T=T, dtype=nl_dtype(self.out.dtype), name=name,
+                   c=c0)
+
+            def src(a: int, b: int, c0: int = c0) -> str:
+                return expr("exprs.j2", "weight_chunks", w=w, n0=a + c0, n1=b + c0, base=base, half=half)
+
+            sub = Emitted()
+            linear_pieces(sub, name=name, x=ctx.var(self.x), tok=":", out=out, w_hbm=w, w_src=src, Pk=li.P,
+                          KT=li.FT, Pn=lo.P, NT=n, T=T, wdtype=self.weight.dtype, chunk_bytes=n * li.FT * lo.P
+                          * nbytes(self.weight.dtype), earliest=0, index=i)
+            for p in sub.pieces:
+                if isinstance(p, ChunkUse):
+                    p.chunk.name = f"{name}.w{c0}"
+            e.pieces += sub.pieces
+            e.psum_banks = max(e.psum_banks, sub.psum_banks)
+            g = f"{base}{c0}"
+            # partition-major output, f = p * FT + ft: n contiguous features per partition from chunk g
+            pattern, offset = [[lo.FT, lo.P], [1, n], [N, T]], g
+            e.code("linear_store_chunk.j2", module=self.module or "linear", what=what, n0=g, n=n, dst=ctx.var(dst),
+                   pattern=pattern, offset=offset, x=out, name=f"{name}.c{c0}")
+        ctx.stored.add(self.out.name)
+        return e
+
     def reference(self, env: dict[str, torch.Tensor]) -> None:
         bias = env[self.bias.name] if self.bias is not None else None
         env[self.out.name] = F.linear(env[self.x.name], env[self.weight.name], bias).reshape(self.out.shape)
@@ -91,12 +154,72 @@ def lower_linear(L: Lowerer, m: Any) -> None:
             out = L.new_act(node, L.label(m, f"f{rows[0][0]}"))
             L.emit(Linear(x=x, weight=w, out=out, bias=b), m)
         return
+    if _split_for_stored_gather(L, m, x):
+        return
     w = L.hbm(L.input(m, "weight"))
     b = L.hbm(m.inputs["bias"]) if m.inputs.get("bias") else None
     out = L.new_act(L.output(m), L.label(m))
     if w.shape != (out.features, x.features):
         raise CodegenError(f"linear weight {w.shape} does not map {x.features} -> {out.features} features")
     L.emit(Linear(x=x, weight=w, out=out, bias=b), m)
+
+
+def _split_for_stored_gather(L: Lowerer, m: Any, x: ir.Value) -> bool:
+    """A vocabulary-parallel ``lm_head`` whose logits are only all-gathered and stored, with a local vocabulary
+    that is no multiple of 128 (Qwen3's 151936 / 4 = 37984 = 32 x 1187): as one value it gets 32 partitions, so
+    every matmul's stationary weight block has 32 columns and the projection issues 4x the matmuls (the Tensor
+    engine's cost is per matmul: 18992 for one rank of Qwen3-30B at TP=4), and its odd chunk count cannot split
+    between the LNC=2 cores. The stored gather (``ops/collective.py``) takes any partition-major pieces, so the
+    projection becomes two over weight rows: the first ``F - F mod 128`` features on 128 partitions (split
+    between the cores when the chunk count is even), and the last ``F mod 128`` as the gather's ``tail``.
+    Each output element is the same fp32 PSUM sum over K rounded once, as in the unsplit projection.
+    Returns whether it lowered ``m`` this way."""
+    from ..layout import PMAX, largest_divisor
+    from .collective import stored_gather_of, tail_key
+
+    node = L.output(m)
+    F_ = L.features(node)
+    if F_ <= PMAX or largest_divisor(F_) == PMAX:
+        return False
+    g = stored_gather_of(L, node)
+    if g is None or not _only_read_by(L, node, set(g.nodes)):  # the gather must be its only reader
+        return False
+    w_node, b_node = L.input(m, "weight"), m.inputs.get("bias")
+    if tuple(L.node(w_node).get("shape") or ()) != (F_, x.features):
+        return False
+    bulk = F_ - F_ % PMAX
+    dtype = _dtype_of(L, node)
+    for rows, key, label in (((0, bulk),), node, L.label(m)), (((bulk, F_),), tail_key(node), L.label(m, "tail")):
+        w = L.hbm_rows(w_node, rows)
+        b = L.hbm_rows(b_node, rows) if b_node else None
+        n = rows[0][1] - rows[0][0]
+        # a part of the node's value: no eager tensor of the node to bisect it against (node=None)
+        out = ir.Value(L.unique(label), ir.ValueKind.ACT, (L.T, n), dtype, node=None)
+        L.values[key] = out
+        L.emit(Linear(x=x, weight=w, out=out, bias=b), m)
+    return True
+
+
+def _only_read_by(L: Lowerer, node: str, nodes: set[str]) -> bool:
+    """Whether every reader of ``node``, through the region's glue views, is one of ``nodes``."""
+    glue = set(getattr(L.region, "glue_nodes", ()))
+    todo, seen = [node], set()
+    while todo:
+        for s in _data_succ(L, todo.pop()):
+            if s in nodes or s in seen:
+                continue
+            if s not in glue:
+                return False
+            seen.add(s)
+            todo.append(s)
+    return True
+
+
+def _dtype_of(L: Lowerer, node: str) -> torch.dtype:
+    dt = L.node(node).get("dtype")
+    if isinstance(dt, torch.dtype):
+        return dt
+    return getattr(torch, str(dt).replace("torch.", ""))
 
 
 def _feature_pieces(L: Lowerer, out: str) -> list[tuple[str, tuple[tuple[int, int], ...]]] | None:

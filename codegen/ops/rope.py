@@ -81,7 +81,7 @@ class Rope(ir.Instruction):
     def emit(self, ctx: Context, i: int) -> Emitted:
         lay = ctx.layout(self.x)
         T = ctx.tokens
-        if lay.FT * T > PSUM_FREE_FP32:
+        if lay.split != 1 and lay.FT * T > PSUM_FREE_FP32:  # unsplit heads rotate in PSUM column blocks
             raise CodegenError(f"RoPE over {lay.FT} heads x {T} tokens exceeds one PSUM bank")
         v = ctx.var(self.out)
         e = Emitted(sbuf=3 * lay.FT * T * nbytes(self.out.dtype), psum_banks=1)

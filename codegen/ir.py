@@ -13,6 +13,7 @@ hook                      called by
 ``arg_specs(layouts, add)`` :func:`.bind.arg_specs`: how the model tensors it reads become kernel arguments
 ``constants(ctx)``        :func:`.megakernel.generate`: constant kernel arguments it needs (``{name: Constant}``)
 ``setup(ctx)``            :func:`.megakernel.generate`: per-kernel prologue code (loaded once, shared by layers)
+``module_code(ctx)``      :func:`.megakernel.generate`: module-level code before the kernel (sub-functions it calls)
 ``emit(ctx, i)``          :func:`.megakernel.generate`: its NKI code (:class:`~.emitters.Emitted`)
 ``reference(env)``        :func:`.reference.run`: the same math in PyTorch on logical values
 ``shard()``               tensor parallelism: how it splits across cores (a declaration; :class:`Shard`)
@@ -155,6 +156,11 @@ class Instruction:
 
     def setup(self, ctx: "Context") -> list[str]:
         """Per-kernel prologue code (per-step tables loaded once); register what it loads in ``ctx.inputs``."""
+        return []
+
+    def module_code(self, ctx: "Context") -> list[str]:
+        """Module-level code the kernel needs before its ``def`` (sub-functions it calls; identical pieces of
+        several instructions are emitted once)."""
         return []
 
     def emit(self, ctx: "Context", index: int) -> "Emitted":

@@ -25,8 +25,8 @@ from ..warnings import one_line, warn
 from .base import Runner, register_executor
 from .eager import _resolver, build_plan, run_plan
 from .kernel_cache import discard
-from .kernels import KernelPlan, build_plans
-from .llm_fallback import IslandStep, island_steps, run_island, write_islands
+from .kernels import FAILED, OK, RETRY, KernelPlan, agree, build_plans, covered_collectives, describe_disagreement
+from .llm_fallback import IslandStep, bind_inlined, island_steps, plan_inline, run_island, write_islands
 from .schedule import KernelSlot, build_schedule
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ class NkiExecutor:
         from ..matching import analyze
 
         analysis = analyze(program, settings, lowerable=lowerable)
+        analysis, written = plan_inline(program, graph_index, analysis, settings)  # LLM islands join regions
         plans = build_plans(program, graph_index, analysis, settings)
         ready: list[KernelPlan] = []
         for p in plans:
@@ -60,13 +61,15 @@ class NkiExecutor:
         schedule, dropped = build_schedule(program, graph_index, [p.lowered.kernel_nodes for p in ready])
         for k in dropped:
             warn(f"{ready[k].label} is not convex (an op outside it both reads and feeds it); it runs on the eager path")
-        return _Run(self, program, graph_index, settings, ready, [k for k in range(len(ready)) if k not in dropped],
-                    schedule, analysis)
+        active = [k for k in range(len(ready)) if k not in dropped]
+        _agree_builds(program, graph_index, ready, active)
+        return _Run(self, program, graph_index, settings, ready, active, schedule, analysis, written)
 
 
 class _Run:
     def __init__(self, executor: NkiExecutor, program: Program, graph_index: int, settings: Settings,
-                 plans: list[KernelPlan], active: list[int], schedule: list, analysis: Any) -> None:
+                 plans: list[KernelPlan], active: list[int], schedule: list, analysis: Any,
+                 written: Sequence[Any] = ()) -> None:
         self.executor = executor
         self.program = program
         self.settings = settings
@@ -87,28 +90,33 @@ class _Run:
             warn(f"{plans[k].label}: the value of {node} is needed outside the kernel but not produced by it; "
                  "it runs on the eager path")
         self.steps = steps
-        self.islands = self._llm_islands(graph_index)
+        self.islands = self._llm_islands(graph_index, written)
         if self.islands:
             self.steps = island_steps(self.steps, self.islands)
         self.last_args: list | None = None  # the latest call's inputs (for bisection tools)
         # what the report reads, kept current as kernels are verified, fail or trip their guards
         self.record = ExecutionRecord(graph=graph_index, executor=executor.name, llm=list(self.islands), run=self)
         self._region_runs = {id(p): _region_run(p, k in self.active) for k, p in enumerate(plans)}
+        #: collective nodes each kernel issues: its outcomes are agreed with every rank of their groups
+        self._collectives = {id(p): covered_collectives(program, p) for p in plans}
         self.record.regions = list(self._region_runs.values())
         program.execution[graph_index] = self.record
 
-    def _llm_islands(self, graph_index: int) -> list:
-        """Offer the ops left on the eager path to the LLM kernel writer (opt-in, see llm_fallback)."""
+    def _llm_islands(self, graph_index: int, written: Sequence[Any] = ()) -> list:
+        """Islands inlined in a running kernel, then the ops still left on the eager path offered to the LLM
+        kernel writer (opt-in, see llm_fallback)."""
         from ..codegen.registry import is_host_side
         from ..llm import enabled
 
         if not enabled(self.settings):
             return []
+        bind_inlined(written, self.plans, self.active, self.executor.name)
         covered = set()
         for k in self.active:
             covered |= set(self.plans[k].lowered.kernel_nodes)
         excluded = {n for m in self.analysis.matches if is_host_side(m.pattern.template) for n in m.nodes}
-        return write_islands(self.program, graph_index, covered, excluded, self.settings)
+        rest = write_islands(self.program, graph_index, covered, excluded, self.settings, known=written)
+        return [i for i in written if i.inlined] + rest
 
     def _build_steps(self, schedule: list) -> tuple[list, tuple[int, str] | None]:
         """Schedule items -> executable steps; also check every eager op finds its inputs (else: which kernel
@@ -177,6 +185,10 @@ class _Run:
                 continue
             if not plan.trusted and self.settings.verify:
                 self._verify(plan, env)
+                if plan.disabled:
+                    continue
+            elif self._collectives[id(plan)]:
+                self._run_agreed(plan, env)
                 if plan.disabled:
                     continue
             else:
@@ -262,16 +274,55 @@ class _Run:
         nodes = set(plan.lowered.kernel_nodes) | set(plan.lowered.outputs.values())
         run_plan(build_plan(self.program, sorted(nodes, key=lambda n: self.program.graph.nodes[n]["order"])), env)
 
+    def _run_agreed(self, plan: KernelPlan, env: dict) -> None:
+        """A verified kernel that issues collectives: its outcome this call (ran / guard tripped / failed) is agreed
+        with every rank of their groups, so all ranks recompute the region eagerly together (its eager ops run the
+        same collectives) or none does: a rank left alone in a collective would wait for its peers."""
+        code, why = OK, ""
+        try:
+            results = self._launch(plan, env)
+            tripped = [w for name, w in plan.lowered.guards.items() if bool((results[name] != 0).any())]
+            if tripped:
+                code, why = RETRY, tripped[0]
+        except Exception as e:  # noqa: BLE001 - a kernel failing at any call falls back, for good, on every rank
+            if self.settings.pass_through_build_failures:
+                raise
+            code, why = FAILED, f"kernel failed at call {self.record.calls + 1} ({one_line(e)})"
+            log.debug("kernel failure", exc_info=e)
+        worst, rows = agree(self.program, self._collectives[id(plan)], code, why)
+        if worst == OK:
+            return
+        cause = describe_disagreement(rows)
+        if worst == RETRY:
+            self._region_runs[id(plan)].guard_reruns += 1
+            warn(f"{plan.label}: {cause}; steps where it happens are recomputed on the eager path on every rank")
+        else:
+            self._disable(plan, f"failed on {cause}")
+            warn(f"{plan.label}: kernel failed on {cause}; every rank runs it on the eager path from now on")
+        self._eager_region(plan, env)  # every rank: the same collectives, in program order
+
     def _verify(self, plan: KernelPlan, env: dict) -> None:
-        """Run the kernel on copies of the state and the region eagerly on the real state; compare."""
+        """Run the kernel on copies of the state and the region eagerly on the real state; compare. A kernel that
+        issues collectives agrees its outcome with every rank of their groups (see :meth:`_verify_agreed`)."""
         state_copies = {name: env[src.node].clone() for name, src in plan.lowered.args.items() if src.kind == "state"}
+        agreed = bool(self._collectives[id(plan)])
         try:
             results = self._launch(plan, env, state_override=state_copies)
         except Exception as e:  # noqa: BLE001 - a kernel that fails at run time falls back
-            self._fail(plan, env, e)
+            if not agreed or self.settings.pass_through_build_failures:
+                self._fail(plan, env, e)
+                return
+            log.debug("kernel failure", exc_info=e)
+            self._eager_region(plan, env)
+            self._verify_agreed(plan, FAILED, f"kernel failed to run at call {self.record.calls + 1} ({one_line(e)})")
             return
         self._eager_region(plan, env)
-        if self._guard_tripped(plan, results):
+        if agreed:
+            tripped = [w for name, w in plan.lowered.guards.items() if bool((results[name] != 0).any())]
+            if tripped:
+                self._verify_agreed(plan, RETRY, tripped[0])
+                return
+        elif self._guard_tripped(plan, results):
             return  # this step's kernel result is not comparable with eager's; verify on the next step
         problems = []
         for name, node in plan.lowered.outputs.items():
@@ -279,12 +330,33 @@ class _Run:
         for name, copy in state_copies.items():
             node = plan.lowered.args[name].node
             problems += _compare(f"state {node}", copy, env[node], self.settings)
-        if problems:
+        if agreed:
+            self._verify_agreed(plan, FAILED if problems else OK,
+                                f"verification against eager failed ({problems[0]})" if problems else "")
+        elif problems:
             self._disable(plan, "; ".join(problems[:3]))
             warn(f"{plan.label}: verification against eager failed ({problems[0]}); it runs on the eager path")
         else:
             plan.trusted = True
             self._region_runs[id(plan)].verification = "passed"
+
+    def _verify_agreed(self, plan: KernelPlan, code: int, why: str) -> None:
+        """This rank's verification outcome, agreed with every rank of the kernel's collective groups (the eager
+        region already ran on every rank): the kernel is trusted only if it passed on all of them, disabled on all
+        of them if it failed on any (one warning naming the rank and the cause), verified again next call if a
+        guard tripped anywhere."""
+        worst, rows = agree(self.program, self._collectives[id(plan)], code, why)
+        if worst == OK:
+            plan.trusted = True
+            self._region_runs[id(plan)].verification = "passed"
+            return
+        cause = describe_disagreement(rows)
+        if worst == RETRY:
+            self._region_runs[id(plan)].guard_reruns += 1
+            warn(f"{plan.label}: {cause}; steps where it happens are recomputed on the eager path on every rank")
+            return
+        self._disable(plan, f"failed on {cause}")
+        warn(f"{plan.label}: verification failed on {cause}; every rank of its group runs it on the eager path")
 
     def _disable(self, plan: KernelPlan, why: str) -> None:
         """The region runs eagerly from now on: the plan, its record and the kernel cache all say so."""
@@ -293,6 +365,30 @@ class _Run:
         run = self._region_runs[id(plan)]
         run.disabled = True
         run.verification = why
+
+
+def _agree_builds(program: Program, graph_index: int, plans: list[KernelPlan], active: list[int]) -> None:
+    """The kernels that issue collectives must be the same on every rank of their groups (a collective inside a
+    kernel on one rank and on the eager path on another never pair up). Every rank tells which collective nodes its
+    scheduled kernels cover; if any rank differs, every rank disables all of its kernels with collectives (their
+    collectives then run on the eager path everywhere), with one warning."""
+    nodes = program.collectives(graph_index)
+    if not nodes:
+        return
+    import hashlib
+
+    covering = [k for k in active if covered_collectives(program, plans[k])]
+    mine = ";".join(",".join(covered_collectives(program, plans[k])) for k in covering)
+    digest = hashlib.sha1(mine.encode()).hexdigest()[:16]
+    worst, rows = agree(program, nodes, OK, digest)
+    digests = {w for _, _, w in rows}
+    if worst == OK and len(digests) == 1:
+        return
+    why = ("rank agreement failed: " + describe_disagreement(rows)) if worst != OK else (
+        f"the ranks built different kernels with collectives ({len(digests)} different sets)")
+    for k in covering:
+        plans[k].disabled = True
+    warn(f"graph {graph_index}: {why}; every rank runs the collectives (and their kernels) on the eager path")
 
 
 def _region_run(plan: KernelPlan, scheduled: bool) -> RegionRun:

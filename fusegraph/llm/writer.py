@@ -13,6 +13,7 @@ answer, the error sent back and the corrected kernel, for ``fusegraph export-sft
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -70,6 +71,9 @@ class WriterResult:
     cache_key: str = ""
     profile: dict[str, Any] | None = field(default=None, repr=False)  # cost profile of the accepted kernel's run
     experience_path: str = ""  # the experience record written for this call ("" when none)
+    #: SHA-256 of ``kernel_source`` at the moment it passed verification (or the cache's static checks): what
+    #: inlining it into a megakernel re-hashes against (``codegen/ops/llm_island.py``)
+    sha256: str = ""
 
     @property
     def rounds(self) -> int:
@@ -120,6 +124,11 @@ class WriterConfig:
         return ""
 
 
+def source_sha256(source: str) -> str:
+    """The hash a verified kernel text is recorded under (and re-checked against before it is inlined)."""
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
 def enabled(settings: Any) -> bool:
     """Whether the settings turn the writer on (both an endpoint and a model)."""
     return not WriterConfig.from_settings(settings).problem()
@@ -161,7 +170,8 @@ def _write(task: KernelTask, cfg: WriterConfig) -> WriterResult:
         if bad is None and info is not None:
             log.info("LLM kernel for %s reused from cache %s", task.name, key[:12])
             return WriterResult(entry.source, True, from_cache=True, kernel_name=info.name, cache_key=key,
-                                reason=f"reused cached kernel {key[:12]} (written by {cfg.model})")
+                                reason=f"reused cached kernel {key[:12]} (written by {cfg.model})",
+                                sha256=source_sha256(entry.source))
         log.warning("cached LLM kernel %s for %s fails the static checks (%s); asking again", key[:12], task.name,
                     bad.reason if bad else "?")
         cache.discard(key)
@@ -215,7 +225,8 @@ def _write(task: KernelTask, cfg: WriterConfig) -> WriterResult:
             return finish(WriterResult(code, True, attempts, kernel_name=info.name if info else "", cache_key=key,
                                        reason=f"accepted in round {rnd} of {cfg.max_rounds + 1} "
                                               f"({sum(a.tokens for a in attempts)} tokens)",
-                                       profile=verdict.profile if verdict is not None else None))
+                                       profile=verdict.profile if verdict is not None else None,
+                                       sha256=source_sha256(code)))
         if stage == "reference":
             break  # the caller's reference is broken: asking the model again cannot help
         if rnd == cfg.max_rounds + 1:

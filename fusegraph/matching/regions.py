@@ -176,6 +176,41 @@ def form_regions(cv: CanonicalView, reach: Reach, matches: list[Match], settings
     return RegionResult(regions, region_of, outside_reason)
 
 
+#: decision-log actions region formation writes (replaced when regions are formed again)
+REGION_ACTIONS = frozenset({"merge", "absorb", "refuse_merge", "refuse_break", "span_break", "dissolve",
+                            "require_full", "fallback"})
+
+
+def with_extra_matches(analysis: Any, extra: list[Match], fuses: Any, note: str = "") -> tuple[Any, list[Match]]:
+    """``analysis`` with its regions formed again over its matches plus ``extra`` (matches found after matching,
+    e.g. accepted LLM-written islands). An extra match whose region holds no match ``fuses(match)`` accepts
+    (nothing to fuse it with) is left out. Returns the new analysis (the old one when no extra match is used;
+    coverage, unmatched ops and the decision log follow the new regions) and the extra matches used."""
+    from dataclasses import replace
+
+    from .analyze import _coverage
+
+    extra = list(extra)
+    base = [d for d in analysis.decisions if d.action not in REGION_ACTIONS]
+    while extra:
+        decisions = list(base)
+        matches = sorted(list(analysis.matches) + extra, key=lambda m: (m.order, m.pattern.name))
+        rr = form_regions(analysis.view, analysis.reach, matches, analysis.settings, decisions)
+        alone = [m for m in extra if not any(any(o is m for o in r.matches) and any(fuses(o) for o in r.matches)
+                                             for r in rr.regions)]
+        if not alone:
+            break
+        extra = [m for m in extra if all(m is not a for a in alone)]
+    if not extra:
+        return analysis, []
+    for m in extra:
+        decisions.append(Decision(m.pattern.template, m.label(), note, nodes=tuple(sorted(m.nodes))))
+    unmatched = [u for u in analysis.unmatched if not all(n in rr.region_of for n in u.nodes)]
+    cov, by_layer, cov_all = _coverage(analysis.program, rr.region_of)
+    return replace(analysis, matches=matches, regions=rr.regions, region_of=rr.region_of, decisions=decisions,
+                   unmatched=unmatched, coverage=cov, coverage_by_layer=by_layer, coverage_all=cov_all), extra
+
+
 def _merge(cv: CanonicalView, ga: _Group, gb: _Group, u: str, v: str, bits: int, decisions: list[Decision],
            parent: dict[int, int], groups: dict[int, _Group]) -> None:
     D = cv.data

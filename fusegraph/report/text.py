@@ -76,7 +76,9 @@ def format_report(r: Mapping[str, Any], max_unmatched: int = 30, max_decisions: 
         res = isl.get("llm") or {}
         lines.append(f"LLM kernel for {', '.join(sorted(isl['ops']))}: "
                      + ("accepted" if res.get("accepted") else f"not used ({res.get('reason')})")
-                     + f" after {len(res.get('attempts', []))} attempt(s)" + (" (cache)" if res.get("from_cache") else ""))
+                     + f" after {len(res.get('attempts', []))} attempt(s)" + (" (cache)" if res.get("from_cache") else "")
+                     + (f", executed_by: {isl['executed_by']}" if isl.get("executed_by") else "")
+                     + (f" inside {isl['kernel']}" if isl.get("kernel") else ""))
     per = r.get("coverage_by_layer", {})
     if per:
         low = {k: v for k, v in per.items() if v < 1.0}

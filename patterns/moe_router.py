@@ -1,4 +1,12 @@
-"""MoE top-k router: logits, softmax in fp32, top-k, optional renormalization, cast back (Qwen3-MoE, Mixtral...)."""
+"""MoE top-k router: logits, softmax in fp32, top-k, optional renormalization, cast back (Qwen3-MoE, Mixtral...).
+
+Variant ``rounded`` (bf16/fp16 only): the softmax, top-k and renormalization in the logits' own dtype with every
+step rounded, as keras-hub's Mixtral router runs under a bf16 policy (its StableHLO: ``x - max``, ``exp``, the
+sum accumulated in fp32 and rounded, the division, each in bf16; the top-k on those probabilities; the
+renormalization's sum likewise). PyTorch's ``F.softmax`` on a bf16 tensor is a different function (fp32 inside,
+one rounding at the end), so the variant is spelled op by op, in the form the StableHLO importer emits for that
+idiom (``fusegraph/stablehlo/emit.py``). No HF transformers model routes this way; the variant exists for
+keras-hub/JAX programs."""
 import torch
 
 from fusegraph.matching import Input, register_pattern
@@ -31,4 +39,17 @@ def moe_router(x, weight, *, top_k, normalize):
     if normalize:
         router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
     router_top_value = router_top_value.to(router_logits.dtype)
+    return router_top_value, router_indices
+
+
+@moe_router.implementation("rounded", dtypes=["bfloat16", "float16"])
+def _rounded(x, weight, *, top_k, normalize):
+    """keras-hub's router in bf16: ``e = exp(l - max(l))``, ``p = e / sum(e.float()).to(dtype)``, top-k of ``p``,
+    ``top / sum(top.float()).to(dtype)``: each op rounds to the logits' dtype."""
+    router_logits = torch.nn.functional.linear(x, weight)
+    e = torch.exp(router_logits - router_logits.amax(-1, keepdim=True))
+    router_probs = e / e.float().sum(-1, keepdim=True).to(e.dtype)
+    router_top_value, router_indices = torch.topk(router_probs, top_k, dim=-1)
+    if normalize:
+        router_top_value = router_top_value / router_top_value.float().sum(-1, keepdim=True).to(router_top_value.dtype)
     return router_top_value, router_indices

@@ -38,6 +38,7 @@ class RMSNorm(ir.Instruction):
     weight_offset: float = 0.0
     center: bool = False
     bias: ir.Value | None = None
+    fp32_product: bool = False  # the weight product in fp32 before the one rounding (OLMo-2, keras-hub)
 
     @property
     def per_head(self) -> bool:
@@ -53,7 +54,8 @@ class RMSNorm(ir.Instruction):
             return
         xl = layouts[self.x.name]  # a head split over S partition tiles: [P, S], one column per tile
         lay = (Layout(self.group, 1) if xl.split == 1 else Layout(xl.P, xl.split)) if self.per_head else xl
-        dtype = torch.float32 if (self.per_head or self.weight_offset or self.center) else self.weight.dtype
+        dtype = torch.float32 if (self.per_head or self.weight_offset or self.center or self.fp32_product) \
+            else self.weight.dtype
         add(self.weight, f"norm:{lay}:{self.weight_offset}",
             lambda t, lay=lay, off=self.weight_offset: W.per_feature(t, lay, offset=off), dtype)
         add(self.bias, f"norm_bias:{lay}", lambda t, lay=lay: W.per_feature(t, lay), torch.float32)
@@ -70,7 +72,8 @@ class RMSNorm(ir.Instruction):
         if self.center and per_head:
             raise CodegenError("per-head LayerNorm has no template")
         v = ctx.var(self.out)
-        scratch = lay.FT * T * (4 + 2 * nbytes(self.x.dtype)) + 4 * T * (lay.FT if per_head else 1)
+        xn_dtype = torch.float32 if self.fp32_product else self.x.dtype  # the normalized values before the weight
+        scratch = lay.FT * T * (4 + nbytes(self.x.dtype) + nbytes(xn_dtype)) + 4 * T * (lay.FT if per_head else 1)
         if self.center:  # fp32 copy, centered values, fp32 product before the bias
             scratch += lay.FT * T * 12 + 4 * T
         e = Emitted(sbuf=scratch, psum_banks=2 if self.center else 1)
@@ -82,7 +85,7 @@ class RMSNorm(ir.Instruction):
                xn=f"{v}_xn", ones=ctx.consts["ones"], eps=repr(float(self.eps)), inv_n=repr(1.0 / self.group),
                weight=weight, center=self.center, xf=f"{v}_xf", ms=f"{v}_ms", nmean=f"{v}_nmean", xc=f"{v}_xc",
                neg_inv_n=repr(-1.0 / self.group), xw=xw, split=lay.split if per_head else 1, H=lay.heads,
-               xdtype=nl_dtype(self.x.dtype), dtype=nl_dtype(self.out.dtype))
+               xdtype=nl_dtype(xn_dtype), dtype=nl_dtype(self.out.dtype))
         if self.bias is not None:  # its chunk is used after the weight's, so a ring of one buffer still works
             bias = norm_param_chunk(e, self.bias, ctx, f"{name}.b", i)
             e.code("norm_bias.j2", module=self.module or "", name=name, T=T, P=lay.P, FT=lay.FT, out=v, xw=xw,
@@ -102,12 +105,14 @@ class RMSNorm(ir.Instruction):
                 y = y + env[self.bias.name].float()
             env[self.out.name] = y.to(self.out.dtype).reshape(self.out.shape)
             return
-        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        y = y if self.fp32_product else y.to(x.dtype)
         if self.weight is not None:
             w = env[self.weight.name]
+            w = w.float() if self.fp32_product else w
             w = w.float() + self.weight_offset if self.weight_offset else w
             y = (w * y).to(self.out.dtype)
-        env[self.out.name] = y.reshape(self.out.shape)
+        env[self.out.name] = y.to(self.out.dtype).reshape(self.out.shape)
 
     def shard(self) -> ir.Shard:
         if self.per_head:
@@ -126,7 +131,8 @@ def lower_rmsnorm(L: Lowerer, m: Any) -> None:
     out = L.new_act(L.output(m), L.label(m))
     L.emit(RMSNorm(x=x, weight=w, out=out, eps=float(m.params.get("eps", 1e-6)),
                    group=int(L.node(x_node)["shape"][-1]),
-                   weight_offset=float(m.params.get("offset", default_offset) or 0.0)), m)
+                   weight_offset=float(m.params.get("offset", default_offset) or 0.0),
+                   fp32_product=str(getattr(m, "variant", "")).startswith("fp32_weight")), m)
 
 
 def _layernorm_check(m: Any, graph: Any, tokens: int | None) -> str | None:

@@ -1,5 +1,6 @@
-"""MoE router: logits token-major ``[T, E]``, softmax in fp32, ``max8`` + ``nc_match_replace8`` (k distinct experts),
-renormalization, and the tie guard (see docs/codegen.md, "MoE routers: ties and guards")."""
+"""MoE router: logits token-major ``[T, E]``, softmax in fp32 (or rounded at each step: ``rounding="rounded"``),
+``max8`` + ``nc_match_replace8`` (k distinct experts), renormalization, and the tie guard (see docs/codegen.md,
+"MoE routers: ties and guards"; the rounded form: docs/jax.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,6 +43,11 @@ class Router(ir.Instruction):
     #: implementation-defined, so the executor recomputes such a step eagerly); the first router initializes it
     tie: ir.Value | None = None
     tie_first: bool = False
+    #: where the softmax and the renormalization round: ``"fp32"`` (HF's ``softmax(logits, dtype=float32)``, top-k
+    #: and renormalization in fp32, the weights rounded once) or ``"rounded"`` (the ``rounded`` pattern variant,
+    #: keras-hub's router under a bf16 policy: ``x - max``, ``exp``, the fp32-accumulated sum, the division, the
+    #: top-k and the renormalization's sum and division each rounded to ``weights.dtype``)
+    rounding: str = "fp32"
     output_fields: ClassVar[tuple[str, ...]] = ("weights", "indices", "tie")
 
     def arg_specs(self, layouts: dict[str, Layout], add: ir.AddSpec) -> None:
@@ -56,8 +62,11 @@ class Router(ir.Instruction):
             raise CodegenError(f"router over {E} experts: the max8 top-k template needs 8..{MOVING_MAX} experts")
         if self.top_k > 8:
             raise CodegenError(f"top-{self.top_k} routing: the template handles k <= 8 (one max8)")
+        if self.rounding not in ("fp32", "rounded"):
+            raise CodegenError(f"router rounding {self.rounding!r}: the template knows 'fp32' and 'rounded'")
         v = ctx.var(self.weights)
-        e = Emitted(sbuf=E * 4 * 4 + E * nbytes(self.weights.dtype) + 128, psum_banks=1)
+        e = Emitted(sbuf=E * 4 * 4 + E * nbytes(self.weights.dtype) * (3 if self.rounding == "rounded" else 1) + 160,
+                    psum_banks=1)
         w = ctx.var(self.weight)
         name = inst_name(self)
         chunk = Chunk(shape=ctx.shape(self.weight), dtype=nl_dtype(self.weight.dtype), src=w, name=f"{name}.w",
@@ -69,19 +78,27 @@ class Router(ir.Instruction):
                e=f"{v}_e", ssum=f"{v}_ssum", rsum=f"{v}_rsum", probs=f"{v}_probs", top8=f"{v}_top8",
                indices=ctx.var(self.indices), weights=v, ksum=f"{v}_ksum", krs=f"{v}_krs", rest=f"{v}_rest",
                next8=f"{v}_next8", tie_t=f"{v}_tie", tie=ctx.var(self.tie) if self.tie is not None else None,
-               tie_first=self.tie_first)
+               tie_first=self.tie_first, rounded=self.rounding == "rounded", shifted=f"{v}_shifted",
+               sround=f"{v}_sround", sdiv=f"{v}_sdiv", kround=f"{v}_kround", kdiv=f"{v}_kdiv")
         return e
 
     def reference(self, env: dict[str, torch.Tensor]) -> None:
         logits = F.linear(env[self.x.name], env[self.weight.name])
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        if self.rounding == "rounded":  # every step rounded to the logits' dtype (the pattern's `rounded` form)
+            e = torch.exp(logits - logits.amax(-1, keepdim=True))
+            probs = (e / e.float().sum(-1, keepdim=True).to(e.dtype)).float()  # exact: bf16 values in fp32
+        else:
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         # the kernel's rule: distinct experts, equal probabilities lowest index first (a stable descending sort)
         ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         top, idx = ranked[:, :self.top_k], order[:, :self.top_k]
         if self.tie is not None:
             tie = (ranked[:, self.top_k - 1] == ranked[:, self.top_k]).float().unsqueeze(-1)
             env[self.tie.name] = tie if self.tie_first else torch.maximum(env[self.tie.name], tie)
-        if self.normalize:
+        if self.normalize and self.rounding == "rounded":
+            top = top.to(logits.dtype)
+            top = top / top.float().sum(-1, keepdim=True).to(top.dtype)
+        elif self.normalize:
             top = top / top.sum(dim=-1, keepdim=True)
         env[self.weights.name] = top.to(logits.dtype)
         env[self.indices.name] = idx.to(torch.int32)
@@ -118,5 +135,6 @@ def lower_router(L: Lowerer, m: Any) -> None:
             L.shared["router_tie"] = ir.Value(L.unique("router_tie"), V.ROUTING, (L.T, 1), torch.float32)
             L.guard(L.shared["router_tie"], TIE_REASON)
         tie = L.shared["router_tie"]
+    rounding = "rounded" if str(getattr(m, "variant", "")).startswith("rounded") else "fp32"
     L.emit(Router(x=x, weight=w, weights=wv, indices=iv, top_k=top_k, normalize=bool(m.params.get("normalize")),
-                  tie=tie, tie_first=first and tie is not None), m)
+                  tie=tie, tie_first=first and tie is not None, rounding=rounding), m)

@@ -52,6 +52,7 @@ class Emitter:
         #: keras-hub rotary-table ops: id(op) -> (key, RopeTable, folded inv_freq input); see importer
         self.tables: dict[int, tuple] = {}
         self._table_memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._table_casts: dict[tuple, torch.Tensor] = {}  # (id of a memo table, dtype): its cast
 
     # ---- running functions -------------------------------------------------------------------------------
     def run(self, fn: Function, args: Sequence[Any], scope: str | None = None, source: str | None = None) -> list:
@@ -228,10 +229,20 @@ def _transpose(em: Emitter, op: Op, vals: list) -> Any:
 
 @handles("stablehlo.convert")
 def _convert(em: Emitter, op: Op, vals: list) -> Any:
+    experts = layout_idioms.dense_experts_of(em.module, op)  # bf16: the expert sum accumulated in fp32, rounded
+    out = _dense_experts(em, op, experts) if experts is not None else None
+    if out is not None:
+        return out
+    x = layout_idioms.fp32_silu_of(em.module, op)
+    if x is not None and id(x) in em_values(em):  # silu computed in fp32, rounded once: bf16 ``F.silu``
+        return _fit(op, F.silu(materialize(em_values(em)[id(x)])))
     (src,) = vals
     s = _splat(src)
     if s is not None:
         return _fold(op, lambda a: a, s)
+    table = _table_cast(em, op, src)
+    if table is not None:
+        return table
     t = materialize(src) if not isinstance(src, Bcast) else None
     if t is None:  # convert before expanding (what `x[..., None].astype(f32)` means)
         inner = elementwise_operand(src, _rank(op))
@@ -333,6 +344,9 @@ def _binary(em: Emitter, op: Op, vals: list) -> Any:
         sm = idioms.softmax_of(op)
         if sm is not None:
             return _softmax(em, op, sm)
+        sm = idioms.rounded_softmax_of(op)
+        if sm is not None:
+            return _rounded_softmax(em, op, sm)
         x = idioms.sigmoid_of(op.result)
         if x is not None:  # 1 / (1 + exp(-x))
             return _fit(op, torch.sigmoid(materialize(_value_of(em, op, x))))
@@ -468,8 +482,10 @@ def _attention(em: Emitter, op: Op, a: layout_idioms.Attention) -> Stacked | Non
     0, fill)``: the same scores where it attends; where it does not, ``s + fill`` and ``fill`` (-2.4e38 from
     JAX, -1e9 from ``keras.layers.Softmax``) both give ``exp(. - max) == 0`` exactly as long as |s| < 1e8 and one
     position attends (a decode step always attends to its own position), so the probabilities are the same
-    (Keras's second ``where`` that zeroes masked probabilities changes nothing then). The result stays in HF's
-    layout (a split value)."""
+    (Keras's second ``where`` that zeroes masked probabilities changes nothing then). bf16/fp16 q/k whose scores
+    JAX keeps in fp32 through the softmax (jax.nn.dot_product_attention) become HF's SDPA call instead, whose
+    matched rounding is the same (decode_attention's ``sdpa`` variant: fp32 scores, probabilities rounded once).
+    The result stays in HF's layout (a split value)."""
     env = em_values(em)
     kl = layout_idioms.KV_LABELS
     q = _arrange(env[id(a.q)], a.q_labels, ["B", "H", "T", "D"])
@@ -477,7 +493,11 @@ def _attention(em: Emitter, op: Op, a: layout_idioms.Attention) -> Stacked | Non
     v = _arrange(env[id(a.v)], kl, ["B", "H", "L", "D"])
     if q is None or k is None or v is None or q.dtype != _dtype(op) or k.dtype != q.dtype or v.dtype != q.dtype:
         return None
-    if torch_dtype(a.score_dtype) != q.dtype:  # HF computes the scores in q's dtype (Keras: f32 for bf16 q/k)
+    # HF's eager form computes the scores in q's dtype; jax.nn.dot_product_attention (keras Llama) keeps bf16/fp16
+    # q/k's scores in fp32 up to the probabilities (rounded once to q's dtype): that is SDPA's ("fused") rounding
+    fp32_scores = q.dtype != torch.float32 and a.score_dtype == "f32" and a.softmax_dtype == "f32" and \
+        not a.scores_converted and a.probs_dtype != "f32" and torch_dtype(a.probs_dtype) == q.dtype
+    if torch_dtype(a.score_dtype) != q.dtype and not fp32_scores:
         return None
     if not math.isfinite(a.fill) or a.fill > -1e9 or id(a.pred) not in env:
         return None
@@ -491,13 +511,17 @@ def _attention(em: Emitter, op: Op, a: layout_idioms.Attention) -> Stacked | Non
     m = _arrange(keep, [("U" if lab == "H" else lab) for lab in a.mask_labels], ["B", "T", "L"])
     if m is None:
         return None
-    mask = torch.where(m, torch.zeros((), dtype=q.dtype), torch.full((), a.fill, dtype=q.dtype))[:, None]
     key_states = _repeat_kv(k, a.groups)
     value_states = _repeat_kv(v, a.groups)
-    attn_weights = torch.matmul(q, key_states.transpose(2, 3)) * a.scale
-    attn_weights = attn_weights + mask
-    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.matmul(attn_weights, value_states)
+    if fp32_scores:  # HF's SDPA call with its boolean mask (True = attend): -inf where JAX fills -2.4e38, both 0
+        out = F.scaled_dot_product_attention(q, key_states, value_states, attn_mask=m[:, None], dropout_p=0.0,
+                                             scale=a.scale, is_causal=False)
+    else:
+        mask = torch.where(m, torch.zeros((), dtype=q.dtype), torch.full((), a.fill, dtype=q.dtype))[:, None]
+        attn_weights = torch.matmul(q, key_states.transpose(2, 3)) * a.scale
+        attn_weights = attn_weights + mask
+        attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(attn_weights, value_states)
     sd = tuple(d for d, lab in enumerate(a.out_labels) if lab.startswith("U"))
     plabels = [lab for lab in a.out_labels if not lab.startswith("U")]
     perm = tuple(["B", "H", "T", "D"].index(lab) for lab in plabels)
@@ -533,6 +557,17 @@ def _softmax(em: Emitter, op: Op, found: tuple[Value, int]) -> Any:
     return torch.softmax(t, dim - t.dim())
 
 
+def _rounded_softmax(em: Emitter, op: Op, found: tuple[Value, int]) -> Any:
+    """A bf16/fp16 softmax rounded after each op (:func:`.idioms.rounded_softmax_of`) in one canonical ATen
+    spelling, the ``rounded`` variant of the ``moe_router`` pattern: ``amax`` with ``keepdim`` (exact, where the
+    StableHLO has ``max(-inf, reduce_max)`` and a broadcast), then the same ops in the same dtypes."""
+    x, dim = found
+    t = materialize(em_values(em)[id(x)])
+    d = dim - t.dim()
+    e = torch.exp(t - t.amax(d, keepdim=True))
+    return e / e.float().sum(d, keepdim=True).to(e.dtype)
+
+
 _UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "stablehlo.negate": operator.neg, "stablehlo.exponential": torch.exp, "stablehlo.exponential_minus_one": torch.expm1,
     "stablehlo.log": torch.log, "stablehlo.log_plus_one": torch.log1p, "stablehlo.sqrt": torch.sqrt,
@@ -565,6 +600,20 @@ def _rope_table(em: Emitter, op: Op) -> Any:
         memo = em._table_memo[key] = (cos.to(dtype=torch.float32), sin.to(dtype=torch.float32))
     out = memo[0] if op.name == "stablehlo.cosine" else memo[1]
     return out if tuple(table.dims) == tuple(range(len(_shape(op)))) else Bcast(out, _shape(op), table.dims)
+
+
+def _table_cast(em: Emitter, op: Op, src: Any) -> Any:
+    """A rotary table cast to the activations' dtype (Keras under a bf16 policy): HF's ``cos.to(dtype=x.dtype)``
+    on the table itself, before its broadcast (elementwise: the same values), once per table and dtype."""
+    t = src.src if isinstance(src, Bcast) else src
+    if not isinstance(t, torch.Tensor) or not any(t is m for memo in em._table_memo.values() for m in memo):
+        return None
+    dtype = _dtype(op)
+    key = (id(t), dtype)
+    cast = em._table_casts.get(key)
+    if cast is None:
+        cast = em._table_casts[key] = t.to(dtype=dtype)
+    return Bcast(cast, src.shape, src.dims) if isinstance(src, Bcast) else cast
 
 
 @handles(*_UNARY, "stablehlo.not")
@@ -660,7 +709,8 @@ def _dense_experts(em: Emitter, op: Op, e: layout_idioms.DenseExperts) -> torch.
     """keras-hub's dense experts (every expert on every token, routing weights 0 for the others) as HF's top-k
     ``batched_mm`` experts: the chosen experts' ``down(silu(gate x) * up x)`` weighted by the top-k weights and
     summed. The same value: an expert that is not chosen adds ``0 * y`` (an exact zero for finite ``y``), and
-    with top-2 the two remaining terms are summed once (in either order: exact). Only for top-k <= 2."""
+    with top-2 the two remaining terms are summed once (in either order: exact). Only for top-k <= 2. In bf16
+    ``op`` is the convert after the fp32 sum: HF's bf16 ``sum`` (fp32 accumulation, one rounding)."""
     env = em_values(em)
     gate, down = env.get(id(e.gate)), env.get(id(e.down))
     if not (isinstance(gate, ExpertWeight) and isinstance(down, ExpertWeight)) or gate.kind != "gate" or \

@@ -84,6 +84,11 @@ def softmax_of(divide: Op) -> tuple[Value, int] | None:
     r_sum = _reduce_of(s, "sum")
     if exp is None or r_sum is None or r_sum.operands[0] is not e or len(r_sum.attrs["dimensions"]) != 1:
         return None
+    return _shifted_exp(exp, r_sum)
+
+
+def _shifted_exp(exp: Op, r_sum: Op) -> tuple[Value, int] | None:
+    """``exp(x - max(x, d))`` summed by ``r_sum`` over the same single dim ``d`` (from 0): (x, d)."""
     sub = producer(exp.operands[0], "stablehlo.subtract")
     if sub is None:
         return None
@@ -98,6 +103,27 @@ def softmax_of(divide: Op) -> tuple[Value, int] | None:
     if splat_value(r_sum.operands[1]) not in (0, 0.0):
         return None
     return x, r_sum.attrs["dimensions"][0]
+
+
+def rounded_softmax_of(divide: Op) -> tuple[Value, int] | None:
+    """jax.nn.softmax on a bf16/fp16 value: ``e / convert(sum(convert(e, f32), d), dtype)`` with
+    ``e = exp(x - max(x, d))`` all in that dtype (``jnp.sum`` accumulates low-precision floats in fp32): (x, d).
+    Every op rounds to the dtype, so this is not ``torch.softmax`` (fp32 inside, one rounding)."""
+    dtype = divide.result.type.dtype
+    if dtype not in ("bf16", "f16"):
+        return None
+    e, s = divide.operands
+    exp = producer(e, "stablehlo.exponential")
+    back = producer(s, "stablehlo.convert", through_broadcast=True)
+    if exp is None or back is None or back.result.type.dtype != dtype or exp.result.type.dtype != dtype:
+        return None
+    r_sum = _reduce_of(back.operands[0], "sum")
+    if r_sum is None or len(r_sum.attrs["dimensions"]) != 1 or r_sum.result.type.dtype != "f32":
+        return None
+    up = producer(r_sum.operands[0], "stablehlo.convert")
+    if up is None or up.operands[0] is not e:
+        return None
+    return _shifted_exp(exp, r_sum)
 
 
 def sigmoid_of(v: Value) -> Value | None:

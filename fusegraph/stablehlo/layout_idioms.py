@@ -5,9 +5,10 @@ own ``rotate_half`` (``stack((-x2, x1), axis=-2)`` + reshape) and attends with `
 (``jnp.repeat``ed keys, einsums with the heads as a batch dim, a boolean ``where`` mask). These functions read
 the StableHLO producers of a value (never the names JAX gives its private functions) and say what the HF form
 needs; :mod:`.emit` writes that form (``rope``: ``x * cos + rotate_half(x) * sin`` on ``x.transpose(1, 2)``;
-attention: ``repeat_kv``, ``q @ k^T * scale + mask``, ``softmax(fp32)``, ``@ v``), which computes the same values
-in another layout. Dims are tracked by label: ``B`` batch, ``H`` heads, ``T`` query tokens, ``L`` key
-positions, ``D`` head dim, ``U<i>`` size-1 dims (the ``G = 1`` group axis of the grouped einsum).
+attention: ``repeat_kv``, ``q @ k^T * scale + mask``, ``softmax(fp32)``, ``@ v``, or HF's SDPA call when JAX keeps
+bf16 scores in fp32), which computes the same values in another layout. Dims are tracked by label: ``B`` batch,
+``H`` heads, ``T`` query tokens, ``L`` key positions, ``D`` head dim, ``U<i>`` size-1 dims (the ``G = 1`` group
+axis of the grouped einsum).
 """
 from __future__ import annotations
 
@@ -151,6 +152,9 @@ class Attention:
     fill: float
     out_labels: list[str]
     score_dtype: str  # the element type the scores are computed in (Keras: f32 also for bf16 q/k)
+    softmax_dtype: str = ""  # the element type the masked scores enter the softmax in
+    scores_converted: bool = False  # a convert between the scaled scores and the mask (a rounding step)
+    probs_dtype: str = ""  # the element type of the probabilities the values are weighted with
 
 
 def _repeat_of(w: _Walk, v: Value) -> tuple[Value, int] | None:
@@ -230,6 +234,7 @@ def attention_of(module: Module, op2: Op) -> Attention | None:
         return None
     for pi in (0, 1):
         pv, vv = op2.operands[pi], op2.operands[1 - pi]
+        probs_dtype = pv.type.dtype
         pv = w.through(pv, ("stablehlo.convert",))
         post = w.named(pv, "stablehlo.select")  # keras.layers.Softmax zeroes masked probabilities again
         if post is not None and w.splat(post.operands[2]) == 0.0:
@@ -286,7 +291,9 @@ def attention_of(module: Module, op2: Op) -> Attention | None:
             continue
         return Attention(q=w.outer(qv), q_labels=q_labels, k=k, v=rep[0], groups=groups, scale=scale,
                          pred=pred, mask_labels=labels, fill=fill, out_labels=out,
-                         score_dtype=s_op.result.type.dtype)
+                         score_dtype=s_op.result.type.dtype, softmax_dtype=x.type.dtype,
+                         scores_converted=any(c.name == "stablehlo.convert" for c in chain),
+                         probs_dtype=probs_dtype)
     return None
 
 
@@ -379,11 +386,16 @@ def _routing(w: _Walk, v: Value, experts: int) -> tuple[Value, Value] | None:
     r = w.op(t.operands[0])
     from .idioms import reduce_kind
 
+    dtype = v.type.dtype
+    if r is not None and r.name == "stablehlo.convert":  # bf16: the sum over k in fp32, rounded back (exact)
+        r = w.op(r.operands[0])
     if r is None or r.name != "stablehlo.reduce" or reduce_kind(r) != "sum" or tuple(r.attrs["dimensions"]) != (1,) \
             or w.splat(r.operands[1]) != 0.0:
         return None
-    m = w.named(r.operands[0], "stablehlo.multiply")
-    if m is None:
+    m = w.op(r.operands[0])
+    if m is not None and m.name == "stablehlo.convert" and r.operands[0].type.dtype == "f32":
+        m = w.op(m.operands[0])  # the bf16 products widened to fp32 (exact)
+    if m is None or m.name != "stablehlo.multiply":
         return None
     for a, b in ((m.operands[0], m.operands[1]), (m.operands[1], m.operands[0])):
         idx = _one_hot(w, a, experts)
@@ -391,7 +403,9 @@ def _routing(w: _Walk, v: Value, experts: int) -> tuple[Value, Value] | None:
             continue
         weights = w.through(b, ("stablehlo.broadcast_in_dim",))
         bc = w.named(b, "stablehlo.broadcast_in_dim")
-        if bc is None or weights.type.shape != idx.type.shape:
+        # one nonzero term per expert (distinct top-k experts): the routing is a weight exactly when it is in the
+        # weights' own dtype
+        if bc is None or weights.type.shape != idx.type.shape or weights.type.dtype != dtype:
             continue
         return idx, w.outer(weights)
     return None
@@ -400,6 +414,9 @@ def _routing(w: _Walk, v: Value, experts: int) -> tuple[Value, Value] | None:
 def _one_hot(w: _Walk, v: Value, experts: int) -> Value | None:
     """``jax.nn.one_hot(idx, E)``: ``convert(idx[..., None] == iota(E))``: idx ``[T, K]``."""
     conv = w.named(v, "stablehlo.convert")
+    inner = w.named(conv.operands[0], "stablehlo.convert") if conv is not None else None
+    if inner is not None:  # bf16: the fp32 one-hot converted again (0 and 1: exact)
+        conv = inner
     cmp = w.named(conv.operands[0], "stablehlo.compare") if conv is not None else None
     if cmp is None or cmp.attrs["comparison_direction"] != "EQ" or len(v.type.shape) != 3 or v.type.shape[2] != experts:
         return None
@@ -419,12 +436,23 @@ def dense_experts_of(module: Module, op: Op) -> DenseExperts | None:
     :class:`DenseExperts`), with the three weights arguments of the entry function read only here."""
     from .idioms import reduce_kind, silu_of
 
+    rounded = None  # bf16/fp16: ``convert(sum(convert(products, f32)), dtype)``, what HF's bf16 ``sum`` computes
+    if op.name == "stablehlo.convert" and op.result.type.dtype in ("bf16", "f16") and \
+            op.operands[0].type.dtype == "f32" and op.operands[0].producer is not None and \
+            len(op.operands[0].users) == 1:
+        rounded, op = op.result.type.dtype, op.operands[0].producer
     if op.name != "stablehlo.reduce" or reduce_kind(op) != "sum" or tuple(op.attrs["dimensions"]) != (0,):
         return None
     w = _Walk(module)
     if w.splat(op.operands[1]) != 0.0:
         return None
-    m = w.named(op.operands[0], "stablehlo.multiply")
+    src = op.operands[0]
+    if rounded is not None:
+        up = w.named(src, "stablehlo.convert")
+        if up is None or up.operands[0].type.dtype != rounded:
+            return None
+        src = up.operands[0]
+    m = w.named(src, "stablehlo.multiply")
     if m is None:
         return None
     entry = module.entry.body.args
@@ -443,12 +471,15 @@ def dense_experts_of(module: Module, op: Op) -> DenseExperts | None:
             continue
         for u, g in ((prod.operands[0], prod.operands[1]), (prod.operands[1], prod.operands[0])):
             act = w.op(g)
-            if act is None or act.name != "stablehlo.multiply":
-                continue
-            gx = silu_of(act)
+            gx = None
+            if act is not None and act.name == "stablehlo.multiply" and rounded is None:
+                gx = silu_of(act)
+                gx = w.outer(gx) if gx is not None else None
+            elif act is not None and act.name == "stablehlo.convert" and rounded is not None:
+                gx = fp32_silu_of(module, act)  # Keras's bf16 silu: fp32 inside, one rounding (F.silu)
             if gx is None:
                 continue
-            gate = _expert_proj(w, w.outer(gx), None)
+            gate = _expert_proj(w, gx, None)
             up = _expert_proj(w, u, gate[1]) if gate is not None else None
             if gate is None or up is None:
                 continue
@@ -468,7 +499,7 @@ def dense_experts(module: Module) -> list[DenseExperts]:
     presented to the program in HF's fused ``[E, 2I, H]`` / ``[E, H, I]`` layout)."""
     found = []
     for op in module.entry.body.ops:
-        if op.name == "stablehlo.reduce":
+        if op.name in ("stablehlo.reduce", "stablehlo.convert"):
             e = dense_experts_of(module, op)
             if e is not None:
                 found.append(e)
@@ -577,3 +608,25 @@ def inv_freq_cone(module: Module, table: RopeTable) -> list[Op] | None:
 def rope_tables(module: Module) -> list[RopeTable]:
     """Every :func:`rope_table_of` in the entry function (their ``inv_freq`` is folded before tracing)."""
     return [t for t in (rope_table_of(module, op) for op in module.entry.body.ops) if t is not None]
+
+
+# ---- SiLU computed in fp32 ----------------------------------------------------------------------------------
+def fp32_silu_of(module: Module, convert: Op) -> Value | None:
+    """``convert(silu(convert(x, f32)), dtype(x))`` with ``x`` bf16/fp16 (Keras's ``ops.silu`` under a bf16
+    policy, ``jax.nn.silu`` through a ``func.call``): ``x`` as the caller's value. That is one rounding of the
+    fp32 SiLU, which is what PyTorch's (and the kernel's) bf16 ``silu`` computes: ``F.silu(x)``."""
+    from .idioms import silu_of
+
+    if convert.name != "stablehlo.convert" or convert.result.type.dtype not in ("bf16", "f16") or \
+            convert.operands[0].type.dtype != "f32":
+        return None
+    w = _Walk(module)
+    m = w.named(convert.operands[0], "stablehlo.multiply")
+    x32 = silu_of(m) if m is not None else None
+    if x32 is None:
+        return None
+    up = w.named(x32, "stablehlo.convert")
+    if up is None or up.operands[0].type.dtype != convert.result.type.dtype or \
+            tuple(up.operands[0].type.shape) != tuple(convert.result.type.shape):
+        return None
+    return w.outer(up.operands[0])

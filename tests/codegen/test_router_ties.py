@@ -120,7 +120,7 @@ def test_qwen3_30b_router_shape_only_within_budget():
     assert gen.budget.sbuf_peak <= gen.budget.sbuf_budget
     kernel = InterpretedKernel(gen, target="trn2")
     kernel(kernel.prepare(b.tensors), shape_only=True)
-    ops = [r.opcode for r in nkisim.last_profile().records]
+    ops = [r.opcode for r in nkisim.last_profile().records if ".router." in r.name]  # the experts' grouping has its own
     assert ops.count("max8") == 2 and "nc_match_replace8" in ops and "nc_find_index8" not in ops
 
 
@@ -141,7 +141,8 @@ def test_tied_router_rows_in_a_model_match_eager(dtype):
     toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, 16)
     from fusegraph.capture.session import last_session
 
-    stats = last_session().program.execution[0]
+    execution = last_session().program.execution  # the step's newest graph: an earlier test may have made dynamo
+    stats = execution[max(execution)]  # recompile this step's code once more (a new graph index, same program)
     assert stats.launches_per_call == 1 and list(stats.executed_by.values()) == ["nkisim"]
     assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e)), "greedy tokens differ"
     tol = 1e-4 if dtype == "float32" else 2 ** -5

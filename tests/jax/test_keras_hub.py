@@ -1,7 +1,7 @@
 """keras-hub's own JAX models (Keras 3, JAX backend), random weights, decoded with their own call_with_cache:
 fusegraph.jax.jit equals jax.jit (greedy tokens over 8 steps, logits), on the models' real StableHLO. Keras's
 stacked KV cache, [B, T, heads, D] attention and RoPE are imported in HF's forms (tests/jax/test_keras_idioms.py),
-so the fp32 Llama step is one decoder-stack megakernel, one launch per step (docs/jax.md)."""
+so the Llama step is one decoder-stack megakernel, one launch per step, in fp32 and bf16 (docs/jax.md)."""
 import os
 import warnings
 
@@ -85,17 +85,50 @@ def test_keras_mixtral_moe_is_one_megakernel_and_equals_jax():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["keras-llama-tiny", "keras-mixtral-tiny"])
-def test_keras_bf16_equals_jax(name):
-    """bf16: Keras computes RMSNorm's weight product, Llama's attention scores and the experts' SiLU in fp32 where
-    HF's forms round to bf16, so those are not rewritten (not the same function) and stay on the eager path; the
-    step still gives jax.jit's tokens."""
-    fused, rel, launches = _greedy(build_keras_case(name, dtype="bfloat16"), steps=8)
+def test_keras_llama_bf16_is_one_megakernel_and_equals_jax():
+    """bf16: Keras's roundings are HF forms too: RMSNorm's fp32 weight product (OLMo-2's, the ``fp32_weight``
+    variant), jax.nn.dot_product_attention's fp32 scores (HF's SDPA), ``ops.silu`` in fp32 rounded once (torch's
+    bf16 silu), the rotary tables cast once (HF's ``cos.to(x.dtype)``): one decoder-stack launch per step."""
+    fused, rel, launches = _greedy(build_keras_case("keras-llama-tiny", dtype="bfloat16"), steps=8)
     assert max(rel) < 3e-2
+    assert launches == [1] * 8
     c = fused.last
     assert c.fallback is None and c.verified
-    counts = c.report().to_dict()["pattern_counts"]
-    assert counts.get("fusegraph.kv_cache_update") == 4 and counts.get("fusegraph.rope") == 4
-    # Llama attends through jax.nn.dot_product_attention (fp32 scores: left as is); Mixtral through Keras's
-    # einsums (bf16 scores, as HF's form): that one is the same function and matches
-    assert counts.get("fusegraph.decode_attention") == (2 if "mixtral" in name else None)
+    data = c.report().to_dict()
+    assert [r["kind"] for r in data["regions"]] == ["decoder_stack"]
+    assert data["regions"][0]["executed_by"] == "nkisim"
+    counts = data["pattern_counts"]
+    for name, n in {"fusegraph.decode_attention": 2, "fusegraph.kv_cache_update": 4, "fusegraph.rope": 4,
+                    "fusegraph.rope_tables": 1, "fusegraph.linear": 15, "fusegraph.rmsnorm": 5,
+                    "fusegraph.swiglu": 2, "fusegraph.embedding": 1}.items():
+        assert counts.get(name) == n, (name, counts)
+    assert "fusegraph.generic" not in counts
+    variants = {(m["pattern"], m["variant"].split("[")[0].split("/")[0]) for m in data["matches"]}
+    assert ("fusegraph.rmsnorm", "fp32_weight_cast") in variants and ("fusegraph.decode_attention", "sdpa") in variants
+    assert ("fusegraph.rmsnorm", "default") not in variants
+
+
+@pytest.mark.slow
+def test_keras_mixtral_bf16_equals_jax():
+    """bf16 Mixtral is one decoder-stack megakernel, one launch per step. Its router rounds where HF Mixtral's does
+    not (Keras's softmax runs in bf16: ``exp`` in bf16, the sum accumulated in fp32 and rounded to bf16, the
+    division in bf16; the top-2 and the renormalization in bf16): moe_router's ``rounded`` variant, lowered with
+    the same roundings; the dense experts (the expert sum in fp32, rounded once) are HF's bf16 batched_mm experts;
+    attention (bf16 scores: HF eager's form), RMSNorm, RoPE and cache match."""
+    fused, rel, launches = _greedy(build_keras_case("keras-mixtral-tiny", dtype="bfloat16"), steps=8)
+    assert max(rel) < 3e-2
+    assert launches == [1] * 8
+    c = fused.last
+    assert c.fallback is None and c.verified
+    data = c.report().to_dict()
+    assert [r["kind"] for r in data["regions"]] == ["decoder_stack"]
+    assert data["regions"][0]["executed_by"] == "nkisim"
+    counts = data["pattern_counts"]
+    for name, n in {"fusegraph.moe_router": 2, "fusegraph.moe_experts": 2, "fusegraph.decode_attention": 2,
+                    "fusegraph.kv_cache_update": 4, "fusegraph.rope": 4, "fusegraph.rope_tables": 1,
+                    "fusegraph.rmsnorm": 5, "fusegraph.linear": 9, "fusegraph.embedding": 1}.items():
+        assert counts.get(name) == n, (name, counts)
+    assert "fusegraph.generic" not in counts
+    routers = [m["variant"] for m in data["matches"] if m["pattern"] == "fusegraph.moe_router"]
+    assert routers == ["rounded[normalize=True]/bfloat16"] * 2
+    assert c.report().analysis.coverage > 0.8

@@ -180,6 +180,37 @@ def test_keras_rope_tables_import_as_hf_rope_tables_computed_once():
     assert len(buffers) == 1 and buffers[0].shape == (D // 2,)  # the folded inv_freq
 
 
+def keras_table_rope_bf16(x, start):
+    """Under a bf16 policy Keras casts each fp32 table to the activations' dtype before the rotation."""
+    cos, sin = keras_table(start)
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    cos2, sin2 = (t.astype(x.dtype) for t in keras_table(start))
+    return keras_rope(x, cos, sin), keras_rope(x * 2.0, cos2, sin2)
+
+
+def test_bf16_rope_tables_cast_once_like_hf():
+    """The tables' cast to bf16 is HF's ``cos.to(dtype=x.dtype)`` (the rope_tables pattern's last op), done on
+    the shared table once, before its broadcast: nothing is left outside the patterns."""
+    import ml_dtypes
+
+    import fusegraph.jax as fj
+
+    x = jnp.asarray(np.random.default_rng(13).normal(size=(B, T, H, D)).astype(ml_dtypes.bfloat16))
+    fused = fj.jit(keras_table_rope_bf16, params_argnums=(), options={"executor": "eager"})
+    for start in (0, 30):
+        out = fused(x, jnp.int32(start))
+        for g, e in zip(out, jax.jit(keras_table_rope_bf16)(x, jnp.int32(start))):
+            np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(e, np.float32), rtol=0, atol=2 ** -6)
+    c = fused.last
+    assert c.fallback is None and c.verified
+    data = c.report().to_dict()
+    counts = data["pattern_counts"]
+    assert counts.get("fusegraph.rope_tables") == 1 and counts.get("fusegraph.rope") == 2
+    stray = [n for m in data["matches"] if m["pattern"] == "fusegraph.generic" for n in m["nodes"]]
+    stray += [n for u in data["unmatched"] for n in u["nodes"]]
+    assert not [n for n in stray if "_to_copy" in n], stray  # the casts are the pattern's
+
+
 def test_rope_with_per_head_tables_is_left_as_is():
     """Tables that differ per head have no HF ``[B, 1, T, D]`` form: the ops stay Keras's (still correct)."""
     rng = np.random.default_rng(3)
@@ -224,13 +255,53 @@ def test_attention_with_a_per_head_mask_is_left_as_is():
     assert "fusegraph.decode_attention" not in c.report().to_dict()["pattern_counts"]
 
 
-def test_bf16_attention_keeps_jaxs_fp32_scores():
-    """jax.nn.dot_product_attention computes bf16 scores in fp32; HF's form rounds them to bf16, so it is not
-    the same function and the import keeps JAX's (the pattern does not match)."""
+def _fp32_score_attention(q, k, v, mask):
+    """The decode_attention kernel's ``fused`` (SDPA) rounding in torch: fp32 scores, scale, mask and softmax,
+    the probabilities rounded once to q's dtype, ``@ v`` (codegen/ops/attention.py ``Attention.reference``)."""
+    q, k, v = (torch.from_numpy(np.asarray(t, np.float32)).to(torch.bfloat16).transpose(1, 2) for t in (q, k, v))
+    k, v = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
+    s = torch.matmul(q.float(), k.float().transpose(2, 3)) * D ** -0.5
+    s = s + torch.where(torch.from_numpy(np.array(mask))[:, None], 0.0, float("-inf"))
+    p = torch.softmax(s, -1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(p, v).transpose(1, 2).float().numpy()
+
+
+def test_bf16_attention_with_fp32_scores_imports_as_hf_sdpa():
+    """jax.nn.dot_product_attention keeps bf16 q/k's scores in fp32 up to the probabilities: HF's SDPA rounding,
+    so it is imported as HF's SDPA call (the pattern's ``sdpa`` variant, lowered with fp32 scores). That rounding,
+    computed in torch, equals JAX's result to bf16 accuracy; the eager executor runs torch's SDPA."""
     import ml_dtypes
 
+    for position in (0, 5, L - 1):
+        args = _attention_args(6, position, dtype=ml_dtypes.bfloat16)
+        c, out = _fused(keras_attention, *args)
+        expected = np.asarray(jax.jit(keras_attention)(*args), np.float32)
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(_fp32_score_attention(*args), expected, rtol=0, atol=scale * 2 ** -8)
+        np.testing.assert_allclose(np.asarray(out, np.float32), expected, rtol=0, atol=scale * 2 ** -7)
+    matches = c.report().to_dict()["matches"]
+    assert [m["variant"].split("[")[0] for m in matches if m["pattern"] == "fusegraph.decode_attention"] == ["sdpa"]
+    ops = [str(n.target) for n in c.imported.gm.graph.nodes if n.op == "call_function"]
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops and "aten.bmm.default" not in ops
+
+
+def test_bf16_scores_rounded_before_the_softmax_are_left_as_is():
+    """fp32 scores rounded to bf16 before the mask and softmax are neither HF form (eager rounds after every
+    op, SDPA never): the attention stays as written (still correct)."""
+    import ml_dtypes
+
+    def rounded(q, k_cache, v_cache, mask):
+        key = jnp.repeat(k_cache, H // KV, axis=2)
+        value = jnp.repeat(v_cache, H // KV, axis=2)
+        s = jnp.einsum("btnh,bsnh->bnts", q, key, preferred_element_type=jnp.float32) * D ** -0.5
+        s = jnp.where(mask[:, None], s.astype(q.dtype).astype(jnp.float32), -1e9)
+        p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+        return jnp.einsum("bnts,bsnh->btnh", p, value)
+
     args = _attention_args(6, dtype=ml_dtypes.bfloat16)
-    c, out = _fused(keras_attention, *args)
+    c, out = _fused(rounded, *args)
+    expected = np.asarray(jax.jit(rounded)(*args), np.float32)
+    np.testing.assert_allclose(np.asarray(out, np.float32), expected, rtol=0, atol=np.abs(expected).max() * 2 ** -7)
     assert "fusegraph.decode_attention" not in c.report().to_dict()["pattern_counts"]
 
 
@@ -298,3 +369,61 @@ def _fused_with_params(fn, *args):
     out = fused(*args)
     assert fused.last.fallback is None and fused.last.verified
     return fused.last, out
+
+
+# ---- bf16 rounding: RMSNorm's fp32 weight product, SiLU in fp32 ------------------------------------------------
+def keras_rmsnorm(x, scale):
+    """keras-hub's ``LlamaLayerNorm.call`` under a bf16 policy: normalize in fp32, ``x * scale`` in fp32
+    (the bf16 weight promoted), one cast back."""
+    h = x.astype(jnp.float32)
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-6)
+    return (h * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def test_bf16_rmsnorm_with_fp32_weight_product_matches_its_variant():
+    """Keras's fp32 weight product is the ``fp32_weight`` form of fusegraph.rmsnorm (OLMo-2's), lowered with
+    one rounding; HF Llama's form (rounding before the product) would differ in the last bit."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.normal(size=(1, 3, 64)).astype(ml_dtypes.bfloat16))
+    w = jnp.asarray((1 + 0.5 * rng.normal(size=(64,))).astype(ml_dtypes.bfloat16))
+    import fusegraph.jax as fj
+
+    fused = fj.jit(lambda scale, h: keras_rmsnorm(h, scale), options={"executor": "eager"})  # the weight a param
+    out = fused(w, x)
+    c = fused.last
+    assert c.fallback is None and c.verified
+    expected = np.asarray(jax.jit(keras_rmsnorm)(x, w), np.float32)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), expected)
+    matches = [m for m in c.report().to_dict()["matches"] if m["pattern"] == "fusegraph.rmsnorm"]
+    assert [m["variant"].split("/")[0] for m in matches] == ["fp32_weight_cast"]
+
+
+def keras_mlp(params, x):
+    """keras-hub's ``LlamaTransformerDecoder`` feed-forward under a bf16 policy: ``ops.silu`` on the gate in fp32
+    (convert, jax.nn.silu, convert back), times the up projection in bf16, down projection."""
+    gate = jax.nn.silu((x @ params["gate"]).astype(jnp.float32)).astype(x.dtype)
+    return (gate * (x @ params["up"])) @ params["down"]
+
+
+def test_bf16_silu_in_fp32_rounded_once_is_torchs_bf16_silu():
+    """``convert(silu(convert(g, f32)), bf16)`` is one rounding of the fp32 SiLU: what PyTorch's bf16 ``silu``
+    computes, so the MLP is HF's swiglu (it was three unmatched ops before)."""
+    import ml_dtypes
+
+    import fusegraph.jax as fj
+
+    rng = np.random.default_rng(12)
+    params = {k: jnp.asarray((rng.normal(size=s) * 0.2).astype(ml_dtypes.bfloat16))
+              for k, s in (("gate", (64, 96)), ("up", (64, 96)), ("down", (96, 64)))}
+    x = jnp.asarray(rng.normal(size=(1, 64)).astype(ml_dtypes.bfloat16))
+    fused = fj.jit(keras_mlp, options={"executor": "eager"})
+    out = fused(params, x)
+    c = fused.last
+    assert c.fallback is None and c.verified
+    expected = np.asarray(jax.jit(keras_mlp)(params, x), np.float32)
+    np.testing.assert_allclose(np.asarray(out, np.float32), expected, rtol=0, atol=np.abs(expected).max() * 2 ** -7)
+    assert c.report().to_dict()["pattern_counts"].get("fusegraph.swiglu") == 1
+    ops = [str(n.target) for n in c.imported.gm.graph.nodes if n.op == "call_function"]
+    assert "aten.silu.default" in ops and "aten._to_copy.default" not in ops

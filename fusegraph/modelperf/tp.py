@@ -511,8 +511,8 @@ def format_table(result: dict[str, Any]) -> str:
     """The benchmark's text: one row per configuration, then the published comparison and the notes."""
     from .bench import _table
 
-    hdr = ["model", "target", "TP x LNC (chips)", "layers", "kernels/step", "collectives in kernel / between",
-           "modeled ms/token", "modeled us/layer", "collective us/layer (modeled)", "HBM limit ms/token",
+    hdr = ["model", "target", "TP x LNC (chips)", "layers", "cache x batch", "kernels/step", "collectives in kernel / between",
+           "modeled ms/step (B=1: /token)", "modeled us/layer", "collective us/layer (modeled)", "HBM limit ms/token",
            "distance to limit", "weights/rank GB (fits HBM)"]
     rows = []
     for r in result["rows"]:
@@ -522,7 +522,7 @@ def format_table(result: dict[str, Any]) -> str:
             continue
         where = "in kernel" if r["collectives_between_kernels"] == 0 else "between kernels, serial"
         rows.append([r["model"], r["target"], f'{r["tp"]} x {r["lnc"]} ({r["limit"]["chips"]})', r["layers"],
-                     r["kernels"], f'{r["collectives_inside_kernels"]} / {r["collectives_between_kernels"]}',
+                     f'{r["cache_len"]} x {r.get("batch", 1)}', r["kernels"], f'{r["collectives_inside_kernels"]} / {r["collectives_between_kernels"]}',
                      _f(r["modeled_ms_per_token"], "{:.3f}"), _f(r["modeled_us_per_layer"], "{:.1f}"),
                      f'{r["collective_us_per_layer"]:.1f}, exposed {r["collective_exposed_us_per_layer"]:.1f} '
                      f'({where}; {r["collective_bytes_per_layer"]:,.0f} B)',

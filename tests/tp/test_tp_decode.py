@@ -13,7 +13,9 @@ Interpreter executor (fp32): logits within 1e-4 x scale of the eager TP step (th
 ~3e-7), KV caches within 1e-5; bf16: tokens equal, logits within 1/8 x scale (observed one bf16 step).
 
 The default suite runs one 2-rank launch (a 2-layer Llama with the eager and the interpreter executor, and a
-parallelize_module block; ~40 s of CPU); everything else is ``slow``. Each launch is bounded
+parallelize_module block; ~40 s of CPU); everything else is ``slow``, among it the issue-13 matrix with the
+interpreter executor: {Llama, Qwen3, Qwen3-MoE, Mixtral} x {fp32, bf16} on 2 ranks (``NKISIM_CASES``, one launch)
+and on 4 ranks (``FOUR_RANK_CASES``, one launch, which also holds 2 KV heads on 4 ranks). Each launch is bounded
 (``tp_harness.run_ranks`` kills the whole process group at its deadline).
 """
 from __future__ import annotations
@@ -293,40 +295,70 @@ NKISIM_CASES = {
     "qwen3_moe": ("Qwen3Moe", MOE, {"experts": "batched_mm"}, 6, 1),
     "mixtral": ("Mixtral", dict(num_local_experts=8, num_experts_per_tok=2), {"experts": "batched_mm"}, 6, 1),
     "llama_bf16": ("Llama", {}, {"dtype": "bfloat16"}, 6, 1),
+    # the rest of the 2-rank matrix (issue 13 Done means: 4 families x fp32/bf16)
+    "qwen3_bf16": ("Qwen3", {}, {"dtype": "bfloat16"}, 6, 1),
+    "qwen3_moe_bf16": ("Qwen3Moe", MOE, {"experts": "batched_mm", "dtype": "bfloat16"}, 6, 1),
+    "mixtral_bf16": ("Mixtral", dict(num_local_experts=8, num_experts_per_tok=2),
+                     {"experts": "batched_mm", "dtype": "bfloat16"}, 6, 1),
     "llama_lnc2": ("Llama", {}, {"options": {"lnc": 2}}, 6, 2),
     "llama_batch2": ("Llama", {}, {"batch": 2}, 6, 1),
 }
+
+
+def _nkisim_launch(root: Path, table: dict, *, nproc: int, timeout_s: int, extra: tuple = ()) -> dict:
+    """Every case of ``table`` (NKISIM_CASES' form) with the interpreter executor, plus ``extra`` (ready worker
+    cases, own single-process reference given as ``(case, config)``), in ONE launch of ``nproc`` ranks."""
+    import transformers
+
+    cases, refs = [], {}
+    todo = [(name, family, config, {"executor": "nkisim", **opts}) for name, (family, config, opts, _, _) in table.items()]
+    todo += [(case["name"], case["family"], config, {k: v for k, v in case.items()
+                                                     if k not in ("name", "family", "kind", "dir")})
+             for case, config in extra]
+    for name, family, config, opts in todo:
+        dtype = opts.get("dtype", "float32")
+        path = root / name
+        save_tiny(family, path, dtype=dtype, **config)
+        cases.append({"name": name, "kind": "hf", "family": family, "dir": str(path), "steps": STEPS, **opts})
+        kw = {"experts_implementation": opts["experts"]} if "experts" in opts else {}
+        model = getattr(transformers, family + "ForCausalLM").from_pretrained(
+            path, dtype=getattr(torch, dtype), attn_implementation="eager", **kw).eval()
+        refs[name] = single_process_reference(model, STEPS, batch=opts.get("batch", 1))
+    return {"runs": run_ranks(cases, root / "out", nproc=nproc, timeout_s=timeout_s), "refs": refs}
 
 
 @pytest.fixture(scope="module")
 def nkisim_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The slow interpreter-executor cases, in one 2-rank launch."""
     skip_without_distributed()
-    import transformers
+    return _nkisim_launch(tmp_path_factory.mktemp("tp_nkisim"), NKISIM_CASES, nproc=2, timeout_s=1500)
 
-    root = tmp_path_factory.mktemp("tp_nkisim")
-    cases, refs = [], {}
-    for name, (family, config, opts, _, _) in NKISIM_CASES.items():
-        dtype = opts.get("dtype", "float32")
-        path = root / name
-        save_tiny(family, path, dtype=dtype, **config)
-        cases.append({"name": name, "kind": "hf", "family": family, "dir": str(path), "steps": STEPS,
-                      "executor": "nkisim", **opts})
-        kw = {"experts_implementation": opts["experts"]} if "experts" in opts else {}
-        model = getattr(transformers, family + "ForCausalLM").from_pretrained(
-            path, dtype=getattr(torch, dtype), attn_implementation="eager", **kw).eval()
-        refs[name] = single_process_reference(model, STEPS, batch=opts.get("batch", 1))
-    return {"runs": run_ranks(cases, root / "out", timeout_s=1200), "refs": refs}
+
+# bf16 Mixtral: its router and experts are not matched in bf16 (fusegraph.moe_router [bfloat16] expects a
+# `_to_copy` where Mixtral's router has an `unsqueeze`; fusegraph.moe_experts [bfloat16] meets a float32 `mul`, the
+# routing weights), single-process too: the MLP runs on the eager path, with its warning (patterns/, not TP)
+MIXTRAL_BF16_XFAIL = pytest.mark.xfail(strict=True, reason="bf16 Mixtral router/experts unmatched (patterns/), "
+                                                           "not one kernel; also single-process")
+
+
+def _params(names: list) -> list:
+    return [pytest.param(n, marks=MIXTRAL_BF16_XFAIL) if n == "mixtral_bf16" else n for n in names]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(NKISIM_CASES))
+@pytest.mark.parametrize("name", _params(list(NKISIM_CASES)))
 def test_two_ranks_nkisim_one_megakernel(nkisim_runs: dict, name: str) -> None:
     """Qwen3, Qwen3-MoE (experts split by intermediate size, one all-reduce after them), Mixtral, bf16 Llama, LNC=2
     (TP=2 x LNC=2: 4 programs, program p of each rank paired), batch 2: one kernel per rank and step with every
     collective inside; tokens equal TP eager and (fp32) the single-process model."""
-    family, _, opts, collectives, programs = NKISIM_CASES[name]
-    ranks = nkisim_runs["runs"][name]
+    _check_nkisim_case(NKISIM_CASES[name], nkisim_runs["runs"][name], nkisim_runs["refs"][name], name,
+                       layers=2, world=2)
+
+
+def _check_nkisim_case(entry: tuple, ranks: list[dict], ref: dict, name: str, *, layers: int, world: int) -> None:
+    """One kernel per rank and step with every collective inside; tokens equal TP eager; fp32: the single-process
+    model's tokens, logits within 1e-4 x scale; bf16: logits within 1/8 x scale of TP eager, KV within 2e-2."""
+    family, _, opts, collectives, programs = entry
     fp32 = opts.get("dtype", "float32") == "float32"
     for r in ranks:
         r["mlp_reduce"] = "mlp.experts" if family != "Qwen3" and family != "Llama" else "mlp.down_proj"
@@ -336,10 +368,25 @@ def test_two_ranks_nkisim_one_megakernel(nkisim_runs: dict, name: str) -> None:
         assert diff <= (1e-4 if fp32 else 1 / 8) * scale, (name, diff, scale)
         _check_one_kernel(r, collectives=collectives, programs=programs)
     if fp32:
-        _check_decode(ranks, nkisim_runs["refs"][name], layers=2, world=2, exact_kv=False)
+        _check_decode(ranks, ref, layers=layers, world=world, exact_kv=False)
     else:  # bf16: tokens equal TP eager; the kernel's KV rows within bf16 rounding of eager's
         for r in ranks:
             assert r["tokens_compiled"] == r["tokens_eager"] and r["kv_max_diff"] <= 2e-2, r["rank"]
+            _check_bf16_against_single(r, ref)
+
+
+def _check_bf16_against_single(r: dict, ref: dict, tol: float = 5e-2) -> None:
+    """bf16 against the unsharded model: while both have decoded the same tokens, logits within ``tol`` (the
+    documented bf16 tolerance) and the same greedy token -- except at a near tie of the unsharded model (top-2
+    within ``tol``), where the TP model's other rounding of the partial sums may pick the other one (observed:
+    2-rank Qwen3 step 1, 1.0547 vs 1.0547 in TP, 1.0625 vs 1.0547 unsharded); after that the histories differ."""
+    for step, (got, want) in enumerate(zip(r["logits_compiled"], ref["logits"])):
+        got, want = torch.tensor(got), torch.tensor(want)
+        assert (got - want).abs().max().item() <= tol, (r["rank"], step, (got - want).abs().max().item())
+        if r["tokens_compiled"][step] != ref["tokens"][step]:
+            top2 = want.view(len(ref["tokens"][step]), -1).topk(2, dim=-1).values
+            assert (top2[:, 0] - top2[:, 1]).min().item() <= tol, (r["rank"], step, "diverged without a tie")
+            return
 
 
 @pytest.mark.slow
@@ -360,3 +407,75 @@ def test_four_ranks(tmp_path: Path) -> None:
     for r in res["r4k"]:
         assert r["warnings"] == [], r["warnings"]
         _check_one_kernel(r, collectives=4)
+
+
+# ---- slow: the 4-rank matrix (issue 13 Done means), one launch ------------------------------------------------
+# 1-layer tiny models whose heads (4 q, 4 kv), intermediate (512), experts' intermediate (128) and vocabulary
+# (1000) divide by 4; per step 4 collectives: the embedding's all-reduce, o_proj's and the MLP's, the logits gather
+FOUR = dict(num_key_value_heads=4, num_hidden_layers=1)
+MIXTRAL8 = dict(num_local_experts=8, num_experts_per_tok=2)
+FOUR_RANK_CASES = {
+    f"{name}{suffix}": (family, {**FOUR, **config}, {**opts, **dt}, 4, 1)
+    for name, family, config, opts in [("llama", "Llama", {}, {}), ("qwen3", "Qwen3", {}, {}),
+                                       ("qwen3_moe", "Qwen3Moe", MOE, {"experts": "batched_mm"}),
+                                       ("mixtral", "Mixtral", MIXTRAL8, {"experts": "batched_mm"})]
+    for suffix, dt in [("", {}), ("_bf16", {"dtype": "bfloat16"})]
+}
+# item 2: 2 KV heads on 4 ranks (tp > num_kv_heads), eager executor: what HF's tp_plan="auto" does with it
+KV2 = ({"name": "llama_kv2", "kind": "hf", "family": "Llama", "expect_error": True}, dict(num_hidden_layers=1))
+
+
+@pytest.fixture(scope="module")
+def four_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    skip_without_distributed()
+    return _nkisim_launch(tmp_path_factory.mktemp("tp_four"), FOUR_RANK_CASES, nproc=4, timeout_s=1800,
+                          extra=(KV2,))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _params(list(FOUR_RANK_CASES)))
+def test_four_ranks_nkisim_matrix(four_rank_runs: dict, name: str) -> None:
+    """4 ranks x {Llama, Qwen3, Qwen3-MoE, Mixtral} x {fp32, bf16}: one kernel per rank and step, its 4 collectives
+    inside; the same checks as the 2-rank cases (``_check_nkisim_case``)."""
+    ranks = four_rank_runs["runs"][name]
+    assert all("error" not in r for r in ranks), [r.get("error") for r in ranks]
+    _check_nkisim_case(FOUR_RANK_CASES[name], ranks, four_rank_runs["refs"][name], name, layers=1, world=4)
+    for r in ranks:
+        assert r["kv_local_shape"][1] == 1, r["kv_local_shape"]  # one of the 4 KV heads per rank
+
+
+@pytest.mark.slow
+def test_four_ranks_two_kv_heads(four_rank_runs: dict) -> None:
+    """tp (4) > num_kv_heads (2): HF's ``tp_plan="auto"`` neither refuses nor replicates: k_proj/v_proj stay
+    ``colwise`` and each rank gets 32 of the 128 KV rows, half a 64-wide head; HF's own eager prefill then fails
+    on every rank alike (``view`` to heads of 64: "shape '[1, 8, -1, 64]' is invalid for input of size 256"),
+    before fusegraph compiles anything. So: a crash of the model itself on every rank, no wrong result, no hang
+    (the launch finished). If HF starts replicating the heads this must decode correctly (the else branch)."""
+    ranks = four_rank_runs["runs"]["llama_kv2"]
+    errors = [r.get("error") for r in ranks]
+    print("llama_kv2 at 4 ranks:", errors[0] or f"ran, KV local shape {ranks[0]['kv_local_shape']}")
+    if any(errors):
+        assert len(set(errors)) == 1, errors  # every rank, the same error
+        assert errors[0].startswith("RuntimeError: shape '[1, 8, -1, 64]' is invalid"), errors[0]
+    else:
+        _check_decode(ranks, four_rank_runs["refs"]["llama_kv2"], layers=1, world=4)
+
+
+def _check_mixtral_bf16_fallback(runs: dict) -> None:
+    """The bf16 Mixtral MLP left on the eager path (see MIXTRAL_BF16_XFAIL): every rank warns naming the region
+    and still decodes the TP eager model's tokens, within bf16 of the unsharded model."""
+    for r in runs["runs"]["mixtral_bf16"]:
+        assert r["warnings"] and all("runs on the eager path" in w for w in r["warnings"]), r["warnings"]
+        assert any("(mlp, layers 0-0)" in w for w in r["warnings"]), r["warnings"]
+        assert r["tokens_compiled"] == r["tokens_eager"] and r["kv_max_diff"] <= 2e-2, r["rank"]
+        _check_bf16_against_single(r, runs["refs"]["mixtral_bf16"])
+
+
+@pytest.mark.slow
+def test_two_ranks_mixtral_bf16_falls_back_correctly(nkisim_runs: dict) -> None:
+    _check_mixtral_bf16_fallback(nkisim_runs)
+
+
+@pytest.mark.slow
+def test_four_ranks_mixtral_bf16_falls_back_correctly(four_rank_runs: dict) -> None:
+    _check_mixtral_bf16_fallback(four_rank_runs)

@@ -113,3 +113,18 @@ _HISTC = [{"histc": "float"}, {"histc": "int", "_device": "meta"}]
 moe_experts.implementation("grouped_mm", dtypes=["bfloat16"], cases=[dict(c, gmm="aten") for c in _HISTC])(_grouped_mm)
 moe_experts.implementation("grouped_mm_fallback", dtypes=["float32"],
                            cases=[dict(c, gmm="transformers") for c in _HISTC])(_grouped_mm)
+
+# HF Mixtral's router keeps the routing weights in fp32 (no cast back): in a bf16/fp16 model the experts meet fp32
+# weights, ``proj_out * weights`` is an fp32 product and the top-k sum is in fp32, rounded once at the end. Same
+# math, another dtype flow: the lowering reads the variant name (``batched_mm_fp32_weights``,
+# ``grouped_mm_fp32_weights``) and skips the per-term rounding.
+_FP32_WEIGHTS = [Input("x", "T H"), Input("indices", "T K", dtype="int64"), Input("weights", "T K", dtype="float32"),
+                 Input("gate_up_proj", "E 2*I H", kind="weight"), Input("down_proj", "E H I", kind="weight")]
+moe_experts.implementation("batched_mm_fp32_weights", dtypes=["bfloat16", "float16"], inputs=_FP32_WEIGHTS)(
+    moe_experts.fn)
+moe_experts.implementation("grouped_mm_fp32_weights", dtypes=["bfloat16"], inputs=_FP32_WEIGHTS,
+                           cases=[dict(c, gmm="aten") for c in _HISTC])(_grouped_mm)
+# the eager loop's rewrite rounds each term (``(down * routing).to(x.dtype)``) whatever the routing weights' dtype:
+# the lowering keeps the per-term rounding for it
+moe_experts.implementation("eager_rewrite_fp32_weights", dtypes=["bfloat16", "float16"], inputs=_FP32_WEIGHTS)(
+    _eager_rewrite)

@@ -6,7 +6,10 @@ sum accumulated in fp32 and rounded, the division, each in bf16; the top-k on th
 renormalization's sum likewise). PyTorch's ``F.softmax`` on a bf16 tensor is a different function (fp32 inside,
 one rounding at the end), so the variant is spelled op by op, in the form the StableHLO importer emits for that
 idiom (``fusegraph/stablehlo/emit.py``). No HF transformers model routes this way; the variant exists for
-keras-hub/JAX programs."""
+keras-hub/JAX programs.
+
+Variant ``fp32_weights`` (bf16/fp16 only): HF Mixtral's router, fp32 like the default but with no cast back, so
+the routing weights leave it in fp32 (see ``moe_experts``' ``*_fp32_weights`` variants)."""
 import torch
 
 from fusegraph.matching import Input, register_pattern
@@ -52,4 +55,16 @@ def _rounded(x, weight, *, top_k, normalize):
     router_top_value, router_indices = torch.topk(router_probs, top_k, dim=-1)
     if normalize:
         router_top_value = router_top_value / router_top_value.float().sum(-1, keepdim=True).to(router_top_value.dtype)
+    return router_top_value, router_indices
+
+
+@moe_router.implementation("fp32_weights", dtypes=["bfloat16", "float16"])
+def _fp32_weights(x, weight, *, top_k, normalize):
+    """HF Mixtral's ``MixtralTopKRouter`` in bf16/fp16: ``softmax(logits.float())``, top-k and the renormalization
+    in fp32, and no cast back: the routing weights stay fp32 (the experts' ``fp32_weights`` variants take them)."""
+    router_logits = torch.nn.functional.linear(x, weight)
+    router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)
+    router_top_value, router_indices = torch.topk(router_probs, top_k, dim=-1)
+    if normalize:
+        router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
     return router_top_value, router_indices

@@ -87,6 +87,6 @@ def test_kernel_failing_after_verification_falls_back_for_that_call_and_the_rest
                 assert len([m for m in msgs if "kernel failed at run time" in m]) == 1, msgs
                 assert expected.isnan().all()
             tok, pos = expected[:, -1:].nan_to_num().argmax(-1), pos + 1
-    stats = last_session().program.execution[0]
+    stats = last_session().program.newest_execution()
     assert list(stats.executed_by.values()) == ["eager"]
     assert "failed to run at call 3" in next(iter(stats.verification.values()))

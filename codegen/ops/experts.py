@@ -45,6 +45,10 @@ class Experts(ir.Instruction):
     out: ir.Value
     intermediate: int
     act: str = "silu"
+    #: each routed term ``w * y`` rounded to the model dtype before the fp32 sum (HF's bf16 routing weights, or its
+    #: eager loop's ``.to(dtype)``); False for the ``*fp32_weights`` variants (HF Mixtral's fp32 routing weights:
+    #: fp32 products summed in fp32, rounded once at the end)
+    round_terms: bool = True
 
     def constrain(self, c: ir.Constraints) -> None:
         c.same(self.x, self.out)
@@ -143,7 +147,7 @@ class Experts(ir.Instruction):
                               KT=KTi, Pn=Ph, NT=NTo, T=1, wdtype=self.down.dtype, chunk_bytes=ctx.chunk_bytes,
                               earliest=i, index=i, stream="dynamic")
                 e.code("experts_accumulate.j2", name=sub, yw=f"{out}_yw", y=y, wb=wb, t=t, k=k, acc=f"{out}_acc",
-                       Ph=Ph, FTh=NTo, dtype=nl_dtype(dt))
+                       Ph=Ph, FTh=NTo, dtype=nl_dtype(dt) if self.round_terms else "nl.float32")
         e.code("experts_close.j2", out=out, acc=f"{out}_acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name,
                lnc=bool(kh))
         return e
@@ -211,7 +215,7 @@ class Experts(ir.Instruction):
                             Pk=Pi, KT=KTi, Pn=Ph, NT=NTo, T=T, wdtype=self.down.dtype, chunk_bytes=ctx.chunk_bytes,
                             earliest=i, index=i, stream="dynamic")
             e.code("experts_group_accumulate.j2", name=sub, yw=f"{out}_yw", y=y, ws=f"{v}w", acc=f"{v}acc", Ph=Ph,
-                   FTh=NTo, T=T, dtype=nl_dtype(dt), lo=lo, hi=hi)
+                   FTh=NTo, T=T, dtype=nl_dtype(dt) if self.round_terms else "nl.float32", lo=lo, hi=hi)
         e.code("experts_close.j2", out=out, acc=f"{v}acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name,
                lnc=bool(half))
         return e
@@ -229,14 +233,19 @@ class Experts(ir.Instruction):
                     e = int(idx[t, k])
                     g, u = F.linear(x[t:t + 1], gu[e]).chunk(2, dim=-1)
                     y = F.linear(act(g) * u, dn[e])
-                    out[t] += (y[0] * w[t, k]).to(x.dtype).float()
+                    out[t] += self._term(y[0], w[t, k], x.dtype)
         else:  # the grouped kernel: expert order, each expert applied to every token
             for e in sorted(set(idx.reshape(-1).tolist())):
                 g, u = F.linear(x, gu[e]).chunk(2, dim=-1)
                 y = F.linear(act(g) * u, dn[e])
                 for t, k in (idx == e).nonzero().tolist():
-                    out[t] += (y[t] * w[t, k]).to(x.dtype).float()
+                    out[t] += self._term(y[t], w[t, k], x.dtype)
         env[self.out.name] = out.to(x.dtype)
+
+    def _term(self, y: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """One routed term in fp32: rounded to ``dtype`` first unless ``round_terms`` is off."""
+        term = y.float() * w.float()  # torch's bf16 x fp32 product (bf16 x bf16: exact in fp32, then rounded)
+        return (term.to(dtype) if self.round_terms else term).float()
 
     def shard(self) -> ir.Shard:
         return ir.Shard(("experts", "intermediate"), "by expert (expert parallelism) or each expert's intermediate "
@@ -277,5 +286,7 @@ def lower_experts(L: Lowerer, m: Any) -> None:
     gu = L.hbm(L.input(m, "gate_up_proj"))
     dn = L.hbm(L.input(m, "down_proj"))
     out = L.new_act(L.output(m), L.label(m))
+    # HF's batched/grouped forms with fp32 routing weights (Mixtral's router) sum fp32 products, rounded once
+    round_terms = not str(getattr(m, "variant", "")).startswith(("batched_mm_fp32_weights", "grouped_mm_fp32_weights"))
     L.emit(Experts(x=x, weights=wv, indices=iv, gate_up=gu, down=dn, out=out, intermediate=gu.shape[1] // 2,
-                   act=str(m.params.get("act", "silu"))), m)
+                   act=str(m.params.get("act", "silu")), round_terms=round_terms), m)

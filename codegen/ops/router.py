@@ -26,7 +26,8 @@ TIE_REASON = ("MoE router: equal expert probabilities at the top-k boundary (tor
 
 @dataclass
 class Router(ir.Instruction):
-    """Softmax over experts (fp32), top-k, optional renormalization; routing weights cast to ``weights.dtype``.
+    """Softmax over experts (fp32), top-k, optional renormalization; routing weights cast to ``weights.dtype``
+    (the logits' dtype, or fp32 where the program keeps them in fp32: HF Mixtral's router, ``fp32_weights``).
 
     The k experts are distinct; among equal probabilities the lower expert index comes first (what
     ``jax.lax.top_k`` documents; torch.topk leaves it to the implementation)."""
@@ -74,7 +75,8 @@ class Router(ir.Instruction):
         e.pieces.append(ChunkUse(chunk, i))
         e.code("router.j2", module=self.module or "", aten=aten(self), name=name, T=T, E=E, KT=lay.FT,
                K=self.top_k, normalize=self.normalize, x=ctx.var(self.x), w=chunk.token,
-               dtype=nl_dtype(self.weights.dtype), lps=f"{v}_lps", logits=f"{v}_logits", negmax=f"{v}_negmax",
+               dtype=nl_dtype(self.x.dtype), wdtype=nl_dtype(self.weights.dtype), lps=f"{v}_lps",
+               logits=f"{v}_logits", negmax=f"{v}_negmax",
                e=f"{v}_e", ssum=f"{v}_ssum", rsum=f"{v}_rsum", probs=f"{v}_probs", top8=f"{v}_top8",
                indices=ctx.var(self.indices), weights=v, ksum=f"{v}_ksum", krs=f"{v}_krs", rest=f"{v}_rest",
                next8=f"{v}_next8", tie_t=f"{v}_tie", tie=ctx.var(self.tie) if self.tie is not None else None,
@@ -100,7 +102,7 @@ class Router(ir.Instruction):
             top = top / top.float().sum(-1, keepdim=True).to(top.dtype)
         elif self.normalize:
             top = top / top.sum(dim=-1, keepdim=True)
-        env[self.weights.name] = top.to(logits.dtype)
+        env[self.weights.name] = top.to(self.weights.dtype)  # fp32 for HF Mixtral's router (no cast back)
         env[self.indices.name] = idx.to(torch.int32)
 
     def shard(self) -> ir.Shard:

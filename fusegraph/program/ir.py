@@ -178,6 +178,13 @@ class Program:
     execution: dict[int, ExecutionRecord] = field(default_factory=dict)
 
     # ---- queries ------------------------------------------------------------------------------------------
+    def newest_execution(self) -> ExecutionRecord:
+        """The record of the newest graph that ran: graph indices count every graph of the session (a step whose
+        code dynamo compiled before, in this process, starts past 0), so "the step's record" is the last one."""
+        if not self.execution:
+            raise KeyError("no graph of this program has run")
+        return self.execution[max(self.execution)]
+
     def find(self, graph_index: int) -> CapturedGraph | None:
         """The captured graph with this index, if this program has it (indices count every graph of the session,
         also refused ones and those of earlier versions of the step, so they are not list positions)."""

@@ -17,7 +17,7 @@ def _compile(case, **options):
 
 def _execution():
     prog = last_session().program
-    return prog.execution[0]
+    return prog.newest_execution()
 
 
 @pytest.mark.parametrize("name", MODELS)

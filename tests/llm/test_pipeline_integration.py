@@ -59,7 +59,7 @@ def test_island_written_by_the_llm_runs_and_is_reported(llm_cache):
             out2 = f(x + 1)
     torch.testing.assert_close(out, step(x), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out2, step(x + 1), atol=1e-5, rtol=1e-5)
-    stats = last_session().program.execution[0]
+    stats = last_session().program.newest_execution()
     isl = stats.llm[0]
     assert isl.result.accepted and isl.calls == 2 and not isl.disabled
     assert "aten.cumsum.default" in isl.ops
@@ -75,7 +75,7 @@ def test_wrong_kernel_is_rejected_and_the_step_stays_correct(llm_cache):
             with torch.no_grad():
                 out = f(x)
     torch.testing.assert_close(out, step(x))
-    isl = last_session().program.execution[0].llm[0]
+    isl = last_session().program.newest_execution().llm[0]
     assert not isl.result.accepted and len(isl.result.attempts) == 3
     assert all("max abs diff" in a.reason or "differ" in a.reason for a in isl.result.attempts)
 

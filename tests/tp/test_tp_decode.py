@@ -334,15 +334,10 @@ def nkisim_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return _nkisim_launch(tmp_path_factory.mktemp("tp_nkisim"), NKISIM_CASES, nproc=2, timeout_s=1500)
 
 
-# bf16 Mixtral: its router and experts are not matched in bf16 (fusegraph.moe_router [bfloat16] expects a
-# `_to_copy` where Mixtral's router has an `unsqueeze`; fusegraph.moe_experts [bfloat16] meets a float32 `mul`, the
-# routing weights), single-process too: the MLP runs on the eager path, with its warning (patterns/, not TP)
-MIXTRAL_BF16_XFAIL = pytest.mark.xfail(strict=True, reason="bf16 Mixtral router/experts unmatched (patterns/), "
-                                                           "not one kernel; also single-process")
-
-
+# bf16 Mixtral (fp32 routing weights: the moe_router / moe_experts `fp32_weights` variants) is one kernel like
+# the rest (it was left on the eager path before those variants; tests/codegen/test_mixtral_bf16.py)
 def _params(names: list) -> list:
-    return [pytest.param(n, marks=MIXTRAL_BF16_XFAIL) if n == "mixtral_bf16" else n for n in names]
+    return list(names)
 
 
 @pytest.mark.slow
@@ -459,23 +454,3 @@ def test_four_ranks_two_kv_heads(four_rank_runs: dict) -> None:
         assert errors[0].startswith("RuntimeError: shape '[1, 8, -1, 64]' is invalid"), errors[0]
     else:
         _check_decode(ranks, four_rank_runs["refs"]["llama_kv2"], layers=1, world=4)
-
-
-def _check_mixtral_bf16_fallback(runs: dict) -> None:
-    """The bf16 Mixtral MLP left on the eager path (see MIXTRAL_BF16_XFAIL): every rank warns naming the region
-    and still decodes the TP eager model's tokens, within bf16 of the unsharded model."""
-    for r in runs["runs"]["mixtral_bf16"]:
-        assert r["warnings"] and all("runs on the eager path" in w for w in r["warnings"]), r["warnings"]
-        assert any("(mlp, layers 0-0)" in w for w in r["warnings"]), r["warnings"]
-        assert r["tokens_compiled"] == r["tokens_eager"] and r["kv_max_diff"] <= 2e-2, r["rank"]
-        _check_bf16_against_single(r, runs["refs"]["mixtral_bf16"])
-
-
-@pytest.mark.slow
-def test_two_ranks_mixtral_bf16_falls_back_correctly(nkisim_runs: dict) -> None:
-    _check_mixtral_bf16_fallback(nkisim_runs)
-
-
-@pytest.mark.slow
-def test_four_ranks_mixtral_bf16_falls_back_correctly(four_rank_runs: dict) -> None:
-    _check_mixtral_bf16_fallback(four_rank_runs)

@@ -43,16 +43,21 @@ def _greedy(case, steps):
     return fused, rel, launches
 
 
-def test_keras_llama_is_one_megakernel_and_equals_jax():
-    fused, rel, launches = _greedy(build_keras_case("keras-llama-tiny"), steps=8)
-    assert max(rel) < 1e-4
-    assert launches == [1] * 8
+def _one_megakernel(fused):
+    """The last compile ran as one verified decoder-stack kernel on the interpreter: its step, report and counts."""
     c = fused.last
     assert c.fallback is None and c.verified
     data = c.report().to_dict()
     assert [r["kind"] for r in data["regions"]] == ["decoder_stack"]
     assert data["regions"][0]["executed_by"] == "nkisim"
-    counts = data["pattern_counts"]
+    return c, data, data["pattern_counts"]
+
+
+def test_keras_llama_is_one_megakernel_and_equals_jax():
+    fused, rel, launches = _greedy(build_keras_case("keras-llama-tiny"), steps=8)
+    assert max(rel) < 1e-4
+    assert launches == [1] * 8
+    c, data, counts = _one_megakernel(fused)
     for name, n in {"fusegraph.decode_attention": 2, "fusegraph.kv_cache_update": 4, "fusegraph.rope": 4,
                     "fusegraph.rope_tables": 1, "fusegraph.linear": 15, "fusegraph.rmsnorm": 5,
                     "fusegraph.swiglu": 2, "fusegraph.embedding": 1}.items():
@@ -69,12 +74,7 @@ def test_keras_mixtral_moe_is_one_megakernel_and_equals_jax():
     fused, rel, launches = _greedy(build_keras_case("keras-mixtral-tiny"), steps=8)
     assert max(rel) < 1e-4
     assert launches == [1] * 8
-    c = fused.last
-    assert c.fallback is None and c.verified
-    data = c.report().to_dict()
-    assert [r["kind"] for r in data["regions"]] == ["decoder_stack"]
-    assert data["regions"][0]["executed_by"] == "nkisim"
-    counts = data["pattern_counts"]
+    c, data, counts = _one_megakernel(fused)
     for name, n in {"fusegraph.moe_experts": 2, "fusegraph.moe_router": 2, "fusegraph.decode_attention": 2,
                     "fusegraph.kv_cache_update": 4, "fusegraph.rope": 4, "fusegraph.rope_tables": 1,
                     "fusegraph.rmsnorm": 5, "fusegraph.linear": 9, "fusegraph.embedding": 1}.items():
@@ -92,12 +92,7 @@ def test_keras_llama_bf16_is_one_megakernel_and_equals_jax():
     fused, rel, launches = _greedy(build_keras_case("keras-llama-tiny", dtype="bfloat16"), steps=8)
     assert max(rel) < 3e-2
     assert launches == [1] * 8
-    c = fused.last
-    assert c.fallback is None and c.verified
-    data = c.report().to_dict()
-    assert [r["kind"] for r in data["regions"]] == ["decoder_stack"]
-    assert data["regions"][0]["executed_by"] == "nkisim"
-    counts = data["pattern_counts"]
+    c, data, counts = _one_megakernel(fused)
     for name, n in {"fusegraph.decode_attention": 2, "fusegraph.kv_cache_update": 4, "fusegraph.rope": 4,
                     "fusegraph.rope_tables": 1, "fusegraph.linear": 15, "fusegraph.rmsnorm": 5,
                     "fusegraph.swiglu": 2, "fusegraph.embedding": 1}.items():
@@ -118,12 +113,7 @@ def test_keras_mixtral_bf16_equals_jax():
     fused, rel, launches = _greedy(build_keras_case("keras-mixtral-tiny", dtype="bfloat16"), steps=8)
     assert max(rel) < 3e-2
     assert launches == [1] * 8
-    c = fused.last
-    assert c.fallback is None and c.verified
-    data = c.report().to_dict()
-    assert [r["kind"] for r in data["regions"]] == ["decoder_stack"]
-    assert data["regions"][0]["executed_by"] == "nkisim"
-    counts = data["pattern_counts"]
+    c, data, counts = _one_megakernel(fused)
     for name, n in {"fusegraph.moe_router": 2, "fusegraph.moe_experts": 2, "fusegraph.decode_attention": 2,
                     "fusegraph.kv_cache_update": 4, "fusegraph.rope": 4, "fusegraph.rope_tables": 1,
                     "fusegraph.rmsnorm": 5, "fusegraph.linear": 9, "fusegraph.embedding": 1}.items():

@@ -19,3 +19,22 @@ def _fresh_dynamo():
     reset_warnings()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def world1(monkeypatch: pytest.MonkeyPatch):
+    """A one-rank default process group (gloo over an in-memory store: no connection is made), for tests of the
+    single-process side of tensor parallelism; skipped without gloo or when a group already exists."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    if os.path.exists("/sys/class/net/lo"):
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()

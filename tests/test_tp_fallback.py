@@ -9,7 +9,6 @@ lowering is used) collectives on a process group this process does not know.
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,23 +22,6 @@ def _skip_without_distributed() -> None:
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-
-
-@pytest.fixture
-def world1(monkeypatch: pytest.MonkeyPatch):
-    """A one-rank gloo group over an in-memory store (no connection is made)."""
-    _skip_without_distributed()
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    if Path("/sys/class/net/lo").exists():
-        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist
-    finally:
-        dist.destroy_process_group()
 
 
 def _compile(fn, *args):

@@ -11,7 +11,6 @@ the arguments must be device tensors of the framework that launches NKI kernels 
 from __future__ import annotations
 
 import logging
-import types
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
@@ -19,15 +18,8 @@ log = logging.getLogger(__name__)
 
 def run_on_neuron(func: Callable[..., Any], args: tuple, kwargs: dict, lnc: int) -> Any:
     """Call ``func`` as a real ``nki.jit`` kernel (``kernel[lnc](*args)``); collectives go to the Neuron runtime."""
-    from .modules import is_interpreter_module
-    from .official import _import_real
+    from .official import real_launcher
 
-    real = _import_real()
-    g = dict(func.__globals__)
-    for k, v in list(g.items()):
-        if isinstance(v, types.ModuleType) and is_interpreter_module(v):
-            g[k] = real.get(v.__name__, real["nki"])
-    rebound = types.FunctionType(func.__code__, g, func.__name__, func.__defaults__, func.__closure__)
-    kernel = real["nki"].jit(rebound)
+    launcher, _ = real_launcher(func, lnc)
     log.info("running %s on the Neuron device with the real nki (LNC=%d)", func.__name__, lnc)
-    return (kernel[lnc] if lnc != 1 else kernel)(*args, **kwargs)
+    return launcher(*args, **kwargs)

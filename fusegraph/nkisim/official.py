@@ -32,7 +32,10 @@ def _import_real() -> dict[str, types.ModuleType]:
     return real
 
 
-def run_official(func: Callable[..., Any], args: tuple, kwargs: dict, lnc: int) -> Any:
+def real_launcher(func: Callable[..., Any], lnc: int) -> tuple[Any, dict[str, types.ModuleType]]:
+    """``func`` re-bound to the real ``nki`` modules (its globals that are interpreter modules replaced by the SDK's)
+    and jitted, with its LNC grid applied; and the real modules. Shared by ``backend="official"`` (``nki.simulate``)
+    and ``backend="neuron"`` (the device), so both run the kernel source exactly as the interpreter does."""
     from .modules import is_interpreter_module
 
     real = _import_real()
@@ -42,5 +45,9 @@ def run_official(func: Callable[..., Any], args: tuple, kwargs: dict, lnc: int) 
             g[k] = real.get(v.__name__, real["nki"])
     rebound = types.FunctionType(func.__code__, g, func.__name__, func.__defaults__, func.__closure__)
     kernel = real["nki"].jit(rebound)
-    launcher = kernel[lnc] if lnc != 1 else kernel
+    return (kernel[lnc] if lnc != 1 else kernel), real
+
+
+def run_official(func: Callable[..., Any], args: tuple, kwargs: dict, lnc: int) -> Any:
+    launcher, real = real_launcher(func, lnc)
     return real["nki"].simulate(launcher)(*args, **kwargs)

@@ -495,27 +495,11 @@ def test_neuron_backend_needs_the_real_nki(K):
         nkisim.run(K["ar_sbuf"], np.zeros((32, 16), np.float32), backend="neuron")
 
 
-@pytest.fixture
-def one_process_job(monkeypatch):
-    dist = pytest.importorskip("torch.distributed")
-    if not dist.is_available() or not dist.is_gloo_available() or dist.is_initialized():
-        pytest.skip("needs gloo and no process group in this process")
-    from pathlib import Path
-
-    if Path("/sys/class/net/lo").exists():
-        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist
-    finally:
-        dist.destroy_process_group()
-
-
-def test_process_group_of_one(K, one_process_job):
+def test_process_group_of_one(K, world1):
     """process_group= in a job of one process: rank_id() is the process's rank, a group of one is a local copy,
     a data run naming a rank the job does not have is refused (rule ranks), shape-only needs no peers; the automatic
     mode stays in-process for a single-process job."""
-    dist = one_process_job
+    dist = world1
     x = case_args("ar_sbuf", 0, "float32")[0]
     out = nkisim.run(K["ar_sbuf"], x, process_group=dist.group.WORLD, groups=((0,),))
     np.testing.assert_array_equal(out, x)

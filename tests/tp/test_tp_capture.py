@@ -8,30 +8,12 @@ collectives name groups this process does not know are only traced and analyzed,
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
 from fusegraph import FusegraphWarning
 from tp_harness import skip_without_distributed
-
-
-@pytest.fixture
-def world1(monkeypatch: pytest.MonkeyPatch):
-    """A one-rank default process group (gloo, in-memory store: no connection is made)."""
-    skip_without_distributed()
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    if Path("/sys/class/net/lo").exists():
-        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist
-    finally:
-        dist.destroy_process_group()
 
 
 def _compile(fn, *args, **options):

@@ -25,6 +25,7 @@ import torch
 from . import ir
 from .errors import CodegenError
 from .registry import host_side_templates, lowering_for
+from .schedule import kv_first
 
 V = ir.ValueKind
 
@@ -380,7 +381,7 @@ def lower_region(program: Any, region: Any, tokens: int, name: str = "fusegraph_
         out_values.append(dst)
     state_values = [L.values[n] for n in L.state.values()]
     ir.assign_names(L.instructions)
-    prog = ir.KernelProgram(name=name, tokens=tokens, instructions=L.instructions, inputs=L.order,
+    prog = ir.KernelProgram(name=name, tokens=tokens, instructions=kv_first(L.instructions), inputs=L.order,
                             outputs=out_values + state_values, meta={"region": getattr(region, "id", None)})
     return Lowered(program=prog, kernel_nodes=frozenset(L.kernel_nodes), host_nodes=frozenset(L.host_nodes),
                    args=dict(L.args), outputs=outputs, state=dict(L.state), guards=guards)

@@ -27,7 +27,20 @@ from .render import render
 
 _ids = itertools.count()
 _TOKEN = re.compile(r"@@chunk(\d+)@@")
-STREAMS = {"static": "wbuf", "dynamic": "xbuf"}
+STREAMS = {"static": "wbuf", "dynamic": "xbuf", "small": "nbuf"}
+#: static chunks of at most this many bytes per partition (norm weights, biases) stream through their own ring
+SMALL_CHUNK_BYTES = 512
+#: buffers of the small ring (a few bytes each: several layers of norm weights ahead)
+SMALL_RING = 8
+
+
+def stream_of(chunk: "Chunk") -> str:
+    """The stream a chunk goes through. Why a third one: a norm's weight is a few bytes per partition, but in the
+    static ring it would take a slot as big as a projection's chunk and shorten how far ahead the projections are
+    prefetched (a layer's static chunks alternate norm, projection, norm, ...)."""
+    if chunk.stream == "static" and chunk.nbytes_per_partition <= SMALL_CHUNK_BYTES:
+        return "small"
+    return chunk.stream
 
 
 @dataclass
@@ -54,11 +67,26 @@ class ChunkUse:
     instruction: int
 
 
+@dataclass
+class PrefetchPoint:
+    """Where the kernel is about to wait without using its DMA queues (before a collective: the all-reduce after
+    o_proj or the MLP). Why: the DMA queues serve transfers in the order they are issued, so a weight prefetch
+    issued as early as its ring slot allows sits in front of the loads the next instructions wait for (the KV write
+    and the cache reads of attention, a router's experts). When a kernel has such points, static weight chunks
+    are issued only there (as far ahead as the ring allows) or when an instruction needs them, so their transfers
+    fill the collective's idle time instead."""
+    instruction: int
+
+
 def resolve(pieces: list, ring: int, indent: int = 4) -> tuple[str, dict]:
     """Join code pieces, inserting chunk loads ahead of use per stream; return (code, stats)."""
-    uses = {s: [p for p in pieces if isinstance(p, ChunkUse) and p.chunk.stream == s] for s in STREAMS}
+    uses = {s: [p for p in pieces if isinstance(p, ChunkUse) and stream_of(p.chunk) == s] for s in STREAMS}
+    rings = {s: (max(ring, SMALL_RING) if s == "small" else ring) for s in STREAMS}
     index = {u.chunk.uid: i for s in STREAMS for i, u in enumerate(uses[s])}
-    names = {u.chunk.uid: f"{STREAMS[s]}{i % ring}" for s in STREAMS for i, u in enumerate(uses[s])}
+    names = {u.chunk.uid: f"{STREAMS[s]}{i % rings[s]}" for s in STREAMS for i, u in enumerate(uses[s])}
+    # with prefetch points the static stream is issued there (and when needed); otherwise as early as the ring allows
+    deferred = any(isinstance(p, PrefetchPoint) for p in pieces)
+    ahead = {s: 0 if deferred and s == "static" else rings[s] - 1 for s in STREAMS}
     loaded = {s: 0 for s in STREAMS}  # chunks of each stream whose DMA has been emitted
     used = {s: 0 for s in STREAMS}  # chunks of each stream whose compute has been emitted
     out: list[str] = []
@@ -82,18 +110,22 @@ def resolve(pieces: list, ring: int, indent: int = 4) -> tuple[str, dict]:
 
     for p in pieces:
         if isinstance(p, ChunkUse):
-            s = p.chunk.stream
+            s = stream_of(p.chunk)
             i = index[p.chunk.uid]
-            load(s, i + ring - 1, p.instruction, must=i)
+            load(s, i + ahead[s], p.instruction, must=i)
             max_ahead = max(max_ahead, loaded[s] - 1 - i)
             used[s] = i + 1
             for other in STREAMS:  # the other stream may prefetch now too (its ring slots are free)
                 if other != s:
-                    load(other, used[other] + ring - 1, p.instruction, must=used[other] - 1)
+                    load(other, used[other] + ahead[other], p.instruction, must=used[other] - 1)
+        elif isinstance(p, PrefetchPoint):
+            for st in STREAMS:
+                load(st, used[st] + rings[st] - 1, p.instruction, must=used[st] - 1)
+                max_ahead = max(max_ahead, loaded[st] - used[st])
         else:
             out.append(p)
     code = _TOKEN.sub(lambda m: names[int(m.group(1))], "".join(out))
     per_partition = {s: max((u.chunk.nbytes_per_partition for u in uses[s]), default=0) for s in STREAMS}
-    ring_bytes = sum(per_partition[s] * min(ring, max(1, len(uses[s]))) for s in STREAMS if uses[s])
+    ring_bytes = sum(per_partition[s] * min(rings[s], max(1, len(uses[s]))) for s in STREAMS if uses[s])
     return code, {"chunks": sum(len(v) for v in uses.values()), "dynamic_chunks": len(uses["dynamic"]),
                   "ring": ring, "max_lookahead": max_ahead, "ring_bytes_per_partition": ring_bytes}

@@ -32,6 +32,9 @@ _LAZY = {
     "Instruction": ("fusegraph.codegen.ir", "Instruction"),
     "Shard": ("fusegraph.codegen.ir", "Shard"),
     "Constant": ("fusegraph.codegen.ir", "Constant"),
+    # tensor parallelism with fewer KV heads than ranks (docs/tp.md, "When HF cannot shard the KV heads")
+    "replicate_kv_heads": ("fusegraph.models.kv_replication", "replicate_kv_heads"),
+    "replicate_kv_checkpoint": ("fusegraph.models.kv_replication", "replicate_kv_checkpoint"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -33,3 +33,20 @@ def per_token_features(graph: Any, node: str, tokens: int | None) -> int | None:
         return None
     n = numel(shape)
     return n // tokens if n % tokens == 0 else None
+
+
+#: bytes per partition the GpSimd DMA path of ``nisa.sendrecv`` takes, by element size (the interpreter's rule)
+SB2SB_GPSIMD_LIMIT = {4: 1024, 2: 512, 1: 256}
+
+
+def sb2sb_dma_engine(partitions: int, free_elems: int, itemsize: int) -> str:
+    """The ``dma_engine=`` argument of an LNC=2 ``sendrecv`` of a ``[partitions, free_elems]`` tile: the GpSimd DMA
+    path for small tiles on a multiple of 16 partitions, else the default (the sync queue).
+
+    Why: the exchange waits for the compute that produced its half; on the sync queue it holds back every DMA
+    issued after it (the KV write, the cache reads of attention, the next weights) until then. nki-library's
+    decode attention (``attention_tkg``: ``use_gpsimd_sb2sb``) sends such small SBUF-to-SBUF tiles on
+    ``dma_engine.gpsimd_dma`` under the same size rule."""
+    if partitions % 16 == 0 and free_elems * itemsize <= SB2SB_GPSIMD_LIMIT.get(itemsize, 0):
+        return ", dma_engine=nisa.dma_engine.gpsimd_dma"
+    return ""

@@ -35,6 +35,7 @@ from ..errors import CodegenError
 from ..lowering import Lowerer
 from ..registry import register_lowering
 from ..render import nl_dtype
+from ..stream import PrefetchPoint
 from ._common import TEMPLATES, x_tokens
 
 #: torch's functional reduce ops -> the NKI reduce op of ``nki.collectives.all_reduce``
@@ -115,6 +116,8 @@ class AllReduce(ir.Instruction):
                P=lay.P, FT=lay.FT, T=ctx.tokens, out=ctx.var(self.out), dtype=nl_dtype(self.out.dtype),
                src=_flat(ctx.var(self.x), lay.P, n), dst=_flat(ctx.var(self.out), lay.P, n),
                ranks=list(self.ranks), op=REDUCE_OPS[self.reduce], reduce=self.reduce, lnc=ctx.lnc)
+        # the kernel waits for its peers here (what reads the sum waits): weight DMAs issued now fill that time
+        e.pieces.append(PrefetchPoint(i))
         return e
 
     def reference(self, env: dict[str, torch.Tensor]) -> None:

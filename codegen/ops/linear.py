@@ -20,7 +20,7 @@ from ..lowering import Lowerer, preserves_order
 from ..registry import register_lowering
 from ..render import nl_dtype
 from ..stream import ChunkUse
-from ._common import x_tokens
+from ._common import sb2sb_dma_engine, x_tokens
 
 
 @dataclass
@@ -71,7 +71,8 @@ class Linear(ir.Instruction):
                       Pn=lo.P, NT=nt_here, T=T, wdtype=self.weight.dtype, chunk_bytes=ctx.chunk_bytes, earliest=0,
                       index=i, bias=bias, base=base)
         if half and self.out.name not in ctx.store_only:
-            e.code("lnc_exchange.j2", what=f"{self.module or 'linear'} output chunks", x=out, half=half, name=name)
+            e.code("lnc_exchange.j2", what=f"{self.module or 'linear'} output chunks", x=out, half=half, name=name,
+                   engine=sb2sb_dma_engine(lo.P, half * T, nbytes(self.out.dtype)))
         return e
 
     def _streamed_store(self, ctx: Context, lo: Layout) -> ir.Value | None:

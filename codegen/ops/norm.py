@@ -1,7 +1,11 @@
 """RMSNorm (hidden state, q/k-norm, Gemma's ``1 + w`` form) and LayerNorm over the hidden state, one instruction.
 
-Sums of squares (and LayerNorm's mean) are ones-matmuls over partitions and chunks that broadcast back to every
-partition; ``activation(rsqrt, scale=1/n, bias=eps)`` gives the reciprocal norm. LayerNorm subtracts the mean in
+Sums of squares (and LayerNorm's mean) are ones-matmuls over partitions that broadcast back to every partition;
+``activation(rsqrt, scale=1/n, bias=eps)`` gives the reciprocal norm. For one token the ``FT`` chunks of a
+partition are summed first on the engine that computes them (``activation``'s free-axis reduce for the squares,
+``tensor_reduce`` for LayerNorm's mean), so one matmul replaces ``FT`` accumulating ones: why, a decode step's
+norms sit on the critical path and each matmul costs a full initiation interval (the stationary ones reloaded)
+however little it moves. Several tokens keep the per-chunk accumulation (a free-axis reduce would mix tokens). LayerNorm subtracts the mean in
 fp32 and adds beta in fp32 before one rounding, like ``torch.nn.functional.layer_norm``.
 """
 from __future__ import annotations
@@ -73,7 +77,7 @@ class RMSNorm(ir.Instruction):
             raise CodegenError("per-head LayerNorm has no template")
         v = ctx.var(self.out)
         xn_dtype = torch.float32 if self.fp32_product else self.x.dtype  # the normalized values before the weight
-        scratch = lay.FT * T * (4 + nbytes(self.x.dtype) + nbytes(xn_dtype)) + 4 * T * (lay.FT if per_head else 1)
+        scratch = lay.FT * T * (4 + nbytes(self.x.dtype) + nbytes(xn_dtype)) + 4 * T * (lay.FT if per_head else 1) + 4
         if self.center:  # fp32 copy, centered values, fp32 product before the bias
             scratch += lay.FT * T * 12 + 4 * T
         e = Emitted(sbuf=scratch, psum_banks=2 if self.center else 1)
@@ -84,7 +88,7 @@ class RMSNorm(ir.Instruction):
                P=lay.P, FT=lay.FT, T=T, x=ctx.var(self.x), out=v, sq=f"{v}_sq", ss=f"{v}_ss", rstd=f"{v}_rstd",
                xn=f"{v}_xn", ones=ctx.consts["ones"], eps=repr(float(self.eps)), inv_n=repr(1.0 / self.group),
                weight=weight, center=self.center, xf=f"{v}_xf", ms=f"{v}_ms", nmean=f"{v}_nmean", xc=f"{v}_xc",
-               neg_inv_n=repr(-1.0 / self.group), xw=xw, split=lay.split if per_head else 1, H=lay.heads,
+               neg_inv_n=repr(-1.0 / self.group), xw=xw, rs=f"{v}_rs", split=lay.split if per_head else 1, H=lay.heads,
                xdtype=nl_dtype(xn_dtype), dtype=nl_dtype(self.out.dtype))
         if self.bias is not None:  # its chunk is used after the weight's, so a ring of one buffer still works
             bias = norm_param_chunk(e, self.bias, ctx, f"{name}.b", i)

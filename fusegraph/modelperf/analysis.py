@@ -21,7 +21,7 @@ from ..perf import baselines, calibration
 from ..perf.analysis import (KernelBuild, Strategies, attribution, cost_strategies, kernel_stats, model_config,
                              one_line_reason, profile_shape_only, shard_overrides, strategy_summary)
 from ..perf.kernelview import build_view
-from ..perf.params import load_params, published
+from ..perf.params import SOURCED, load_params, published
 from ..perf.progress import Progress
 from ..settings import Settings
 
@@ -127,6 +127,7 @@ class ModelPerf:
     program: Any = None
     like_for_like: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    parameter_set: str = SOURCED  # the cost model's parameter set the strategies were costed with
 
     def summaries(self) -> dict[str, dict[str, Any]]:
         return {k: strategy_summary(e, self.strategies.launches.get(k, 0)) for k, e in self.strategies.items()}
@@ -135,7 +136,7 @@ class ModelPerf:
         s = self.summaries()
         mk = s["megakernel"]["seconds_per_token"]
         speed = {f"megakernel_vs_{k}": v["seconds_per_token"] / mk for k, v in s.items() if k != "megakernel" and mk}
-        hw = load_params(self.target)
+        hw = load_params(self.target, self.parameter_set)
         return {
             "model": self.model,
             "target": self.target,
@@ -154,12 +155,14 @@ class ModelPerf:
             "attribution": attribution(self.build),
             "like_for_like": self.like_for_like,
             "params": hw.table(),
+            "parameter_set": self.parameter_set,
         }
 
 
 def analyze_model(model: str, targets: Sequence[str] = ("trn3",), *, layers: int | None = None,
                   cache_len: int = 640, like_for_like: bool | None = None, per_op: bool = True,
-                  progress: Progress | None = None) -> dict[str, ModelPerf | NotRun]:
+                  progress: Progress | None = None,
+                  parameter_set: str = SOURCED) -> dict[str, ModelPerf | NotRun]:
     """Build, profile and cost ``model`` on each target (a :class:`NotRun` where the pipeline builds no kernel).
     With ``like_for_like`` (default: for the published model, on the published target) also build and cost one
     core's shard of it in the published configuration (its own result: the shard may fit where the whole model
@@ -174,11 +177,11 @@ def analyze_model(model: str, targets: Sequence[str] = ("trn3",), *, layers: int
         if isinstance(build, NotRun) and not build.config:  # not even a config to size the limit from
             out[target] = build
             continue
-        hw = load_params(target)
+        hw = load_params(target, parameter_set)
         limit = baselines.physical_limit(build.config, cache_len, hw)
         wanted = like_for_like if like_for_like is not None else (model == pub["model"] and target == pub["target"])
         lfl = (_like_for_like(model, target, build.config, limit, layers=layers, cache_len=cache_len, per_op=per_op,
-                              progress=progress) if wanted else None)
+                              progress=progress, parameter_set=parameter_set) if wanted else None)
         if isinstance(build, NotRun):
             build.like_for_like = lfl
             out[target] = build
@@ -187,16 +190,18 @@ def analyze_model(model: str, targets: Sequence[str] = ("trn3",), *, layers: int
         t0 = time.perf_counter()
         strategies = cost_strategies(build, hw, progress=progress, per_op=per_op)
         timings["cost_model_s"] = time.perf_counter() - t0
-        out[target] = ModelPerf(model, target, build, strategies, limit, cache_len, build.program, lfl, timings)
+        out[target] = ModelPerf(model, target, build, strategies, limit, cache_len, build.program, lfl, timings,
+                                parameter_set)
     return out
 
 
 def _like_for_like(model: str, target: str, config: dict[str, Any], limit: dict[str, float], *,
-                   layers: int | None, cache_len: int, per_op: bool, progress: Progress) -> dict[str, Any]:
+                   layers: int | None, cache_len: int, per_op: bool, progress: Progress,
+                   parameter_set: str = SOURCED) -> dict[str, Any]:
     """One core's shard of ``model`` in the published configuration, costed and compared with the figures (or
     ``status: not run`` with the reason, when the pipeline builds no kernel for the shard)."""
     pub = published()
-    hw = load_params(target)
+    hw = load_params(target, parameter_set)
     cores = pub["tp"] * pub["lnc"]
     overrides = shard_overrides(config, cores)
     head = {"cores": cores, "tp": pub["tp"], "lnc": pub["lnc"], "shard_overrides": overrides}

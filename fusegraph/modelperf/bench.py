@@ -12,6 +12,7 @@ import platform
 import time
 from typing import Any, Sequence
 
+from ..perf.params import SOURCED
 from ..perf.progress import Progress
 from .analysis import ModelPerf, NotRun, analyze_model
 from .html import write_perf
@@ -71,9 +72,10 @@ def _lfl_entry(model: str, target: str, l: dict[str, Any]) -> dict[str, Any]:
 
 def run(models: Sequence[str] = DEFAULT_MODELS, targets: Sequence[str] = DEFAULT_TARGETS, *, layers: int | None = None,
         cache_len: int = 640, per_op: bool = True, progress: Progress | None = None,
-        keep: bool = False) -> dict[str, Any]:
-    """Analyze every model on every target; returns the JSON-ready result (``keep``: also the ModelPerf objects
-    under ``"_perf"``, for the HTML report). Rows the pipeline refuses are ``status: not run`` with the reason."""
+        keep: bool = False, parameter_set: str = SOURCED) -> dict[str, Any]:
+    """Analyze every model on every target with the cost model's ``parameter_set`` (``"sourced"`` or a calibration
+    of the data file); returns the JSON-ready result (``keep``: also the ModelPerf objects under ``"_perf"``, for
+    the HTML report). Rows the pipeline refuses are ``status: not run`` with the reason."""
     progress = progress or Progress(None)
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -81,7 +83,8 @@ def run(models: Sequence[str] = DEFAULT_MODELS, targets: Sequence[str] = DEFAULT
     details: dict[str, Any] = {}
     kept: dict[str, ModelPerf] = {}
     for model in models:
-        perfs = analyze_model(model, targets, layers=layers, cache_len=cache_len, per_op=per_op, progress=progress)
+        perfs = analyze_model(model, targets, layers=layers, cache_len=cache_len, per_op=per_op, progress=progress,
+                              parameter_set=parameter_set)
         for target, perf in perfs.items():
             if isinstance(perf, NotRun):
                 rows.append(not_run_row(perf))
@@ -98,7 +101,7 @@ def run(models: Sequence[str] = DEFAULT_MODELS, targets: Sequence[str] = DEFAULT
             if keep:
                 kept[f"{model}@{target}"] = perf
     out = {"benchmark": "perf", "models": list(models), "targets": list(targets), "cache_len": cache_len,
-           "layers": layers, "host": platform.node(), "python": platform.python_version(),
+           "layers": layers, "parameter_set": parameter_set, "host": platform.node(), "python": platform.python_version(),
            "seconds": time.perf_counter() - t0, "rows": rows, "like_for_like": lfl, "details": details}
     if keep:
         out["_perf"] = kept
@@ -136,8 +139,9 @@ def _not_run_cell(r: dict[str, Any]) -> str:
 def format_tables(result: dict[str, Any]) -> str:
     """The benchmark's text output: whole-model table, like-for-like calibration table, goal lines."""
     out = []
+    ps = f'[cost-model parameters: {result.get("parameter_set", SOURCED)}]'
     out.append("Whole model on ONE core: what fusegraph emits today (no published figure corresponds: the "
-               "published runs use 8 cores; see the like-for-like table)")
+               f"published runs use 8 cores; see the like-for-like table) {ps}")
     hdr = ["model", "target", "capture s", "match s", "codegen s", "profile s", "launches a/b'/b/c",
            "HBM GB/token (min)", "DMAs", "mean B/partition", "SBUF peak/size KiB"]
     rows = []
@@ -154,6 +158,7 @@ def format_tables(result: dict[str, Any]) -> str:
                      f'{r["mean_bytes_per_partition"]:,.0f}', f'{r["sbuf_peak_kib"]:.0f}/{r["sbuf_kib"]:.0f}'])
     out.append(_table(hdr, rows))
     out.append("")
+    out.append(f"Modeled time per decode step, one core, by strategy {ps}")
     hdr = ["model", "target", "(a) per-op ms", "(b') XLA+NKI MoE ms", "(b) hybrid ms", "(c) megakernel ms",
            "(c) us/layer", "(c) bound", "limit ms: core DMA / chip HBM", "(c) speedup over a / b", "published"]
     rows = []
@@ -171,7 +176,7 @@ def format_tables(result: dict[str, Any]) -> str:
     for l in result["like_for_like"]:
         out.append("")
         out.append(f'Like for like: {l["model"]} on {l["target"]}, one core\'s shard of TP={l["tp"]} x LNC={l["lnc"]} '
-                   f'({l["cores"]} physical cores), per layer and per core')
+                   f'({l["cores"]} physical cores), per layer and per core {ps}')
         if l.get("status") == "not run":
             out.append(_not_run_cell(l))
             continue
@@ -203,12 +208,15 @@ def format_tables(result: dict[str, Any]) -> str:
 
 
 def run_and_write(models: list[str], targets: list[str], *, layers: int | None = None, cache_len: int = 640,
-                  per_op: bool = True, json_path: str | None = None, html_dir: str | None = None) -> dict:
-    """Run the benchmark, print its tables, write the JSON and (optionally) one HTML report per model/target."""
+                  per_op: bool = True, json_path: str | None = None, html_dir: str | None = None,
+                  parameter_set: str = SOURCED) -> dict:
+    """Run the benchmark with the cost model's ``parameter_set``, print its tables (each names the set), write the
+    JSON and (optionally) one HTML report per model/target."""
     import json
     import os
 
-    result = run(models, targets, layers=layers, cache_len=cache_len, per_op=per_op, keep=bool(html_dir))
+    result = run(models, targets, layers=layers, cache_len=cache_len, per_op=per_op, keep=bool(html_dir),
+                 parameter_set=parameter_set)
     perfs = result.pop("_perf", {})
     print(format_tables(result))
     if json_path:

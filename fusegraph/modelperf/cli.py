@@ -18,7 +18,8 @@ from typing import Any
 from ..perf.analysis import profile_shape_only
 from ..perf.costmodel import estimate_kernel
 from ..perf.kernelview import build_view
-from ..perf.params import load_params
+from ..perf.params import (SOURCED, ParameterSetError, calibrations, check_parameter_set, load_params,
+                            parameter_set_targets)
 from ..perf.progress import Progress
 
 
@@ -44,6 +45,7 @@ def add_commands(sub: Any) -> None:
                    help="the spec of the --against kernel's arguments (shape-only)")
     b.add_argument("--against-path", action="append", default=[], metavar="DIR",
                    help="directory to import the --against kernel from (repeatable)")
+    add_parameters_flag(b)
     b.set_defaults(func=cmd_bench)
 
     k = sub.add_parser("kernel", help="print or write the generated NKI megakernel of a model's decode step")
@@ -53,7 +55,19 @@ def add_commands(sub: Any) -> None:
     k.add_argument("--max-cache-len", type=int, default=None)
     k.add_argument("--out", default=None, help="write the source here instead of printing it")
     k.add_argument("--profile", action="store_true", help="also run it shape-only and print the modeled time")
+    add_parameters_flag(k)
     k.set_defaults(func=cmd_kernel)
+
+
+def add_parameters_flag(parser: argparse.ArgumentParser) -> None:
+    """``--parameters sourced|<calibration>``: which of the data file's parameter sets turns counted work into
+    time. Why a flag: a calibration fitted to one kernel's measured profile is a different source from the vendor
+    figures, so the user chooses it explicitly and every table says which set it used."""
+    names = ", ".join([SOURCED, *sorted(calibrations())])
+    parser.add_argument("--parameters", default=SOURCED, metavar="SET",
+                        help=f"cost-model parameter set: {names} (default {SOURCED}: every value from its public "
+                        "source; a calibration replaces its fitted low-confidence values and applies to its own "
+                        "target only; docs/performance.md)")
 
 
 def add_report_html_flag(parser: argparse.ArgumentParser) -> None:
@@ -63,26 +77,40 @@ def add_report_html_flag(parser: argparse.ArgumentParser) -> None:
 
 # ---- commands -----------------------------------------------------------------------------------------------------
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.against:
-        from .against import run_against
+    targets = args.targets.split(",") if args.targets else None
+    try:
+        if targets is not None:
+            check_parameter_set(args.parameters, targets)
+        if args.against:
+            from .against import run_against
 
-        json_path = args.json if args.json != "bench-results/perf.json" else "bench-results/against.json"
-        run_against(args.against, args.against_args, models=args.models.split(",") if args.models else None,
-                    targets=args.targets.split(",") if args.targets else None, layers=args.layers,
-                    cache_len=args.cache_len, paths=args.against_path, json_path=json_path,
-                    progress=Progress(None))
-        return 0
-    from .bench import run_and_write
+            json_path = args.json if args.json != "bench-results/perf.json" else "bench-results/against.json"
+            run_against(args.against, args.against_args, models=args.models.split(",") if args.models else None,
+                        targets=targets, layers=args.layers, cache_len=args.cache_len, paths=args.against_path,
+                        json_path=json_path, progress=Progress(None), parameter_set=args.parameters)
+            return 0
+        from .bench import run_and_write
 
-    run_and_write((args.models or "qwen3-30b-a3b,llama3-8b").split(","), (args.targets or "trn2,trn3").split(","),
-                  layers=args.layers, cache_len=args.cache_len, per_op=not args.no_per_op, json_path=args.json,
-                  html_dir=args.html_dir)
+        if targets is None:  # a calibration runs on its own target by default
+            targets = ["trn2", "trn3"] if args.parameters == SOURCED else list(parameter_set_targets(args.parameters))
+        run_and_write((args.models or "qwen3-30b-a3b,llama3-8b").split(","), targets, layers=args.layers,
+                      cache_len=args.cache_len, per_op=not args.no_per_op, json_path=args.json,
+                      html_dir=args.html_dir, parameter_set=args.parameters)
+    except ParameterSetError as e:
+        print(f"fusegraph bench: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
 def cmd_kernel(args: argparse.Namespace) -> int:
     from ..api.kernel import build_decode_kernel
 
+    if args.profile:
+        try:
+            check_parameter_set(args.parameters, [args.target])
+        except ParameterSetError as e:
+            print(f"fusegraph kernel: {e}", file=sys.stderr)
+            return 2
     progress = Progress(None)
     case_kwargs: dict[str, Any] = {}
     if args.layers is not None:
@@ -100,8 +128,9 @@ def cmd_kernel(args: argparse.Namespace) -> int:
         sys.stdout.write(gen.source)
     if args.profile:
         prof = profile_shape_only(gen, args.target, progress)
-        est = estimate_kernel(build_view(gen.source, prof), load_params(args.target))
-        print(f"modeled on {args.target} (one core): {est.seconds * 1e3:.3f} ms per step, "
+        est = estimate_kernel(build_view(gen.source, prof), load_params(args.target, args.parameters))
+        print(f"modeled on {args.target} (one core, cost-model parameters: {args.parameters}): "
+              f"{est.seconds * 1e3:.3f} ms per step, "
               f"{est.per_layer_seconds() * 1e6:.1f} us per layer, {est.total.bound()}-bound", file=sys.stderr)
     return 0
 

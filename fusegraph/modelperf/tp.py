@@ -17,7 +17,8 @@ plus one ``boundary_sync`` per kernel launch. Each row says which of the two it 
 
 Models whose KV heads do not divide by the TP degree (Qwen3-235B-A22B: 4 KV heads at TP=16/32) are captured with
 their KV heads replicated to the TP degree in the config (each rank then holds one KV head, a copy), which is what
-the hand-written Qwen3 kernel does at TP=8; HF's plan alone refuses such a split (``get_kv_heads_per_rank``).
+the hand-written Qwen3 kernel does at TP=8 and the rule of ``fusegraph.replicate_kv_heads`` (``models/kv_replication``,
+the same function); HF's plan alone cannot split such heads (``get_kv_heads_per_rank``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..api.kernel import CapturedStep, capture_callable
+from ..models.kv_replication import replicated_kv_config
 from ..perf import baselines
 from ..perf.analysis import one_line_reason, profile_program0
 from ..perf.costmodel import collective_time, estimate_kernel, spans_chips
@@ -151,12 +153,13 @@ def build_rank(model: str, tp: int, *, layers: int | None = None, cache_len: int
         cfg["num_hidden_layers"] = int(layers)
     notes: list[str] = []
     kv = int(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
-    if kv % tp:
-        if tp % kv:
-            raise ValueError(f"{model}: {kv} KV heads cannot be split or replicated evenly over TP={tp}")
-        cfg["num_key_value_heads"] = tp
-        notes.append(f"KV heads replicated {tp // kv}x to the TP degree ({kv} -> {tp} in the config: one KV head "
-                     f"per rank, as the hand-written Qwen3 kernel does at TP=8)")
+    try:  # the rule of fusegraph.replicate_kv_heads (what a TP user of such a model runs), on the config alone
+        cfg, factor = replicated_kv_config(cfg, tp)
+    except ValueError as e:
+        raise ValueError(f"{model}: {e}") from None
+    if factor > 1:
+        notes.append(f"KV heads replicated {factor}x to the TP degree ({kv} -> {kv * factor} in the config: one KV "
+                     f"head per rank, as fusegraph.replicate_kv_heads does and the hand-written Qwen3 kernel at TP=8)")
     config_cls, model_cls = (getattr(transformers, n) for n in _FAMILIES[family])
     hf_cfg = config_cls(**cfg)
     torch_dtype = getattr(torch, dtype or default_dtype)

@@ -32,9 +32,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .costmodel import Estimate, estimate_kernel
+from .costmodel import Estimate, collectives_report, estimate_kernel
 from .kernelview import view_from_trace
-from .params import load_params
+from .params import SOURCED, load_params
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,11 @@ log = logging.getLogger(__name__)
 COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v",
                             "collective_permute", "collective_permute_implicit"})
 #: the per-engine rows of the comparison (key in a Breakdown's ``busy``, label)
-ENGINE_ROWS = (("sync", "Sync (DMA issue)"), ("dma", "DMA active"), ("tensor", "Tensor"), ("vector", "Vector"),
+#: "DMA active" is what a hardware profile calls it -- time with any DMA in flight (the union of the DMAs' windows
+#: from trigger to last byte, ``Schedule.dma_active``); the bandwidth occupancy (bytes / the core's DMA bandwidth at
+#: the transfer's efficiency, ``busy["dma"]``) is another quantity and has its own row
+ENGINE_ROWS = (("sync", "Sync (DMA issue)"), ("dma_active", "DMA active (any DMA in flight)"),
+               ("dma_occupancy", "DMA bandwidth occupancy"), ("tensor", "Tensor"), ("vector", "Vector"),
                ("scalar", "Scalar"), ("gpsimd", "GpSimd"))
 _LAYER_PREFIX = re.compile(r"^L\d+\.")
 
@@ -204,24 +208,44 @@ def _region_matches(region: str, patterns: Sequence[str] | None) -> bool:
 def per_layer_figures(est: Estimate, layers: int,
                       regions: Sequence[str] | None = None) -> tuple[dict[str, float], bool]:
     """Mean per-layer wall and engine busy time over the works attributed to a layer (and to ``regions`` when
-    given); without layer attribution, the whole kernel divided by ``layers``."""
+    given); without layer attribution, the whole kernel divided by ``layers``.
+
+    ``dma_active`` is the time with any of those DMAs in flight (the union of their windows, once over all the
+    layers' DMAs and divided by the layer count, as :func:`fusegraph.perf.fit.layer_figures` compares it with a
+    profile: a layer's weights prefetched during the previous layer are in flight once); ``dma_occupancy`` the
+    bandwidth the same DMAs occupy (the sum of bytes / bandwidth, overlapping transfers counted each). Both also
+    per issuing engine, as ``dma_active:<engine>`` / ``dma_occupancy:<engine>`` (the DMAs triggered from the Sync,
+    Scalar or GpSimd queue), for the engines that issue any."""
     s = est.schedule
     by_layer: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     total: dict[str, float] = defaultdict(float)
+    layer_dmas: list[int] = []
+    all_dmas: list[int] = []
     for i, w in enumerate(s.works):
         if not _region_matches(w.region, regions):
             continue
+        if w.kind == "dma":
+            all_dmas.append(i)
+            if isinstance(w.layer, int):
+                layer_dmas.append(i)
+                by_layer[w.layer][f"dma_occupancy:{w.engine}"] += w.occupancy
+            total[f"dma_occupancy:{w.engine}"] += w.occupancy
         for acc in ([by_layer[w.layer]] if isinstance(w.layer, int) else []) + [total]:
             acc["wall"] += s.exposure[i]
             acc[w.engine] += w.busy
             if w.kind == "dma":
-                acc["dma"] += w.occupancy
-    keys = ["wall"] + [k for k, _ in ENGINE_ROWS]
-    if by_layer:
-        n = len(by_layer)
-        return {k: sum(d.get(k, 0.0) for d in by_layer.values()) / n for k in keys}, True
-    n = max(1, layers)
-    return {k: total.get(k, 0.0) / n for k in keys}, False
+                acc["dma_occupancy"] += w.occupancy
+    engines = sorted({s.works[i].engine for i in all_dmas})
+    keys = ["wall"] + [k for k, _ in ENGINE_ROWS] + [f"dma_occupancy:{e}" for e in engines]
+    attributed = bool(by_layer)
+    dmas = layer_dmas if attributed else all_dmas
+    n = len(by_layer) if attributed else max(1, layers)
+    out = ({k: sum(d.get(k, 0.0) for d in by_layer.values()) / n for k in keys} if attributed
+           else {k: total.get(k, 0.0) / n for k in keys})
+    out["dma_active"] = s.dma_active(dmas) / n
+    for e in engines:
+        out[f"dma_active:{e}"] = s.dma_active([i for i in dmas if s.works[i].engine == e]) / n
+    return out, attributed
 
 
 def collective_figures(est: Estimate, layers: int) -> dict[str, float]:
@@ -269,8 +293,9 @@ def statement_text(file: str, line: int, max_lines: int = 8) -> str:
     return re.sub(r"\s+", " ", " ".join(parts)).replace("( ", "(").replace(" )", ")")
 
 
-def cost_spec(spec: KernelSpec, profile: Any = None) -> Side:
-    """Run (unless ``profile`` is given) and cost one physical core of the spec's kernel."""
+def cost_spec(spec: KernelSpec, profile: Any = None, parameter_set: str = SOURCED) -> Side:
+    """Run (unless ``profile`` is given) and cost one physical core of the spec's kernel with the cost model's
+    ``parameter_set`` (``"sourced"`` or a calibration of the data file, :func:`params.load_params`)."""
     t0 = time.perf_counter()
     profile = profile if profile is not None else run_spec(spec)
     run_s = time.perf_counter() - t0
@@ -278,17 +303,31 @@ def cost_spec(spec: KernelSpec, profile: Any = None) -> Side:
     if not events:
         raise RuntimeError("the kernel run recorded no instruction trace (it issued no instructions?)")
     view = view_from_trace(events, filename=spec.name)
-    hw = load_params(spec.target)
+    hw = load_params(spec.target, parameter_set)
     t1 = time.perf_counter()
     est = estimate_kernel(view, hw, label=spec.name)
     per, attributed = per_layer_figures(est, spec.layers)
+    other = _other_programs_collectives(profile, hw, spec.layers)
     files = [ln.file for ln in view.lines]
     line_nos = [ln.line for ln in view.lines]
     info = {"instructions": len(events), "files": sorted({os.path.basename(f) for f in files}),
             "hbm_read_bytes": profile.hbm_read_bytes, "run_s": run_s, "cost_model_s": time.perf_counter() - t1,
-            "programs": profile.lnc, "kernel": spec.name}
+            "programs": profile.lnc, "kernel": spec.name, "parameter_set": hw.parameter_set,
+            "collectives_other_programs_per_layer": other}
     return Side(spec.name, est, spec.layers, attributed, per, collective_figures(est, spec.layers),
                 line_figures(est, files, line_nos), info)
+
+
+def _other_programs_collectives(profile: Any, hw: Any, layers: int) -> dict[str, float]:
+    """Per layer, the collectives rank 0's other programs (the LNC partner core) issue, by the same ring model on
+    their own (not scheduled: only program 0 is). Why reported: a profile's CC figure for a logical core may sum
+    both cores' collectives, so a reader needs both counts to compare like with like."""
+    if not getattr(profile, "collectives", None):
+        return {"count": 0, "bytes": 0, "modeled_s": 0.0}
+    rows = [r for r in collectives_report(profile, hw)["rows"] if r["rank"] == 0 and r["program"] != 0]
+    n = max(1, layers)
+    return {"count": sum(r["count"] for r in rows) / n, "bytes": sum(r["bytes"] for r in rows) / n,
+            "modeled_s": sum(r["seconds"] for r in rows) / n}
 
 
 # ---- the comparison -------------------------------------------------------------------------------------------------
@@ -322,6 +361,7 @@ def format_comparison(result: dict[str, Any]) -> str:
             f"{', one physical core' if result.get('shard') else ''}"
             + (f" (theirs: one rank of TP={result['shard'][0]} x LNC={result['shard'][1]}, program 0)"
                if result.get("shard") else ""))
+    head += f" [cost-model parameters: {result.get('parameter_set', SOURCED)}]"
     rows = [["quantity", "fusegraph", "theirs", "theirs / fusegraph"]]
     for r in result["comparison"]["rows"]:
         if r["quantity"] == "collectives":
@@ -354,6 +394,20 @@ def format_comparison(result: dict[str, Any]) -> str:
     for r in t["top_lines"][:10]:
         lines.append(f"  {os.path.basename(r['file'])}:{r['line']:<5d} {r['opcode']:<16s} x{r['count']:<5d} "
                      f"{_us(r['cost_s'])} + {_us(r['exposed_s'])}  {r['text'][:110]}")
+    for label, side in (("fusegraph", None if isinstance(o, str) else o), ("theirs", t)):
+        if side is None:
+            continue
+        per = side["per_layer_s"]
+        parts = [f"{k.split(':', 1)[1]} {_us(per[k])} / {_us(per.get('dma_occupancy:' + k.split(':', 1)[1]))}"
+                 for k in sorted(per) if k.startswith("dma_active:")]
+        if parts:
+            lines.append(f"{label}: DMA by issuing engine, per layer (in flight / bandwidth occupancy): "
+                         + "; ".join(parts))
+    other = t.get("collectives_other_programs_per_layer") or {}
+    if other.get("count"):
+        lines.append(f"theirs: rank 0's other program(s) issue {other['count']:g} more collective(s) per layer "
+                     f"({other['bytes']:,.0f} B, {_us(other['modeled_s'])} by the same ring model, not scheduled: "
+                     "only program 0 is); a logical core's measured CC time may count them")
     if result.get("notes"):
         lines.append(f"note: {result['notes']}")
     return "\n".join(lines)

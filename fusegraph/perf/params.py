@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Sequence
 
 TARGETS = ("trn2", "trn3")
 CONFIDENCE = ("H", "M", "L")
@@ -172,6 +172,34 @@ def load_params(target: str, parameter_set: str = SOURCED) -> HardwareParams:
                                  f"calibration {parameter_set} ({cal['date']}): {cal['source']}; sourced value "
                                  f"{p.value} ({p.source})", "M", p.note)
     return HardwareParams(target, params, parameter_set)
+
+
+class ParameterSetError(ValueError):
+    """An unknown parameter set, or one without values for a requested target."""
+
+
+def parameter_set_targets(parameter_set: str) -> tuple[str, ...]:
+    """The targets ``parameter_set`` has values for: every target for ``"sourced"``, the calibration's own target
+    for a calibration (a fit to one chip's profile says nothing about another chip); raises
+    :class:`ParameterSetError` naming the known sets for an unknown name."""
+    if parameter_set == SOURCED:
+        return tuple(raw_data().get("targets", TARGETS))
+    cal = (raw_data().get("calibrations") or {}).get(parameter_set)
+    if cal is None:
+        known = ", ".join([SOURCED, *sorted(raw_data().get("calibrations") or {})])
+        raise ParameterSetError(f"unknown parameter set {parameter_set!r}; the data file has {known}")
+    return (cal["target"],)
+
+
+def check_parameter_set(parameter_set: str, targets: Sequence[str]) -> None:
+    """Raise :class:`ParameterSetError` (one line, what to choose instead) unless ``parameter_set`` has values for
+    every one of ``targets``. Why: commands that take ``--parameters`` check before any work, so a mismatch is one
+    clear message instead of a failure half-way through a benchmark."""
+    covered = parameter_set_targets(parameter_set)
+    bad = [t for t in targets if t not in covered]
+    if bad:
+        raise ParameterSetError(f"parameter set {parameter_set!r} has values for {', '.join(covered)} only, not "
+                                f"{', '.join(bad)}; choose --parameters {SOURCED} or a target it covers")
 
 
 def calibrations(target: str | None = None) -> dict[str, dict[str, Any]]:

@@ -15,13 +15,18 @@ def _available() -> bool:
 
 
 @pytest.fixture(scope="module")
-def hand_view():
+def hand_run():
     if not _available():
         pytest.skip("set MK and NKILIB to the anchor checkouts (shared/tools/prepare_anchors.sh)")
     from fusegraph.modelperf.calibrate import hand_kernel_view
 
     view, prof, _ = hand_kernel_view(4)
-    return view
+    return view, prof
+
+
+@pytest.fixture(scope="module")
+def hand_view(hand_run):
+    return hand_run[0]
 
 
 def test_fit_reproduces_o1_and_the_recorded_set(hand_view):
@@ -40,7 +45,7 @@ def test_fit_reproduces_o1_and_the_recorded_set(hand_view):
         assert (figs[k] - v) / v == pytest.approx(rec["fitted_errors"][k], abs=0.01), k
 
 
-def test_held_out_rows_are_not_fitted_figures(hand_view):
+def test_held_out_rows_are_not_fitted_figures(hand_view, hand_run):
     from fusegraph.modelperf.calibrate import CALIBRATION, fit_hand_kernel, held_out_rows
     from fusegraph.perf.costmodel import estimate_kernel
     from fusegraph.perf.params import load_params
@@ -50,4 +55,10 @@ def test_held_out_rows_are_not_fitted_figures(hand_view):
     rows = held_out_rows(r, hw, estimate_kernel(hand_view, hw), None, 4)
     assert [h.figure for h in rows] == ["allreduce_per_layer_megakernel"]
     assert rows[0].modeled == pytest.approx(15.62, abs=0.05) and rows[0].error == pytest.approx(15.62 / 27.77 - 1,
+                                                                                              abs=0.01)
+    # with the profile: both programs of the LNC=2 rank issue both all-reduces of a layer (the second reading)
+    rows = held_out_rows(r, hw, estimate_kernel(hand_view, hw), None, 4, hand_profile=hand_run[1])
+    assert [h.figure for h in rows] == ["allreduce_per_layer_megakernel",
+                                        "allreduce_per_layer_megakernel (rank 0, both programs)"]
+    assert rows[1].modeled == pytest.approx(31.24, abs=0.05) and rows[1].error == pytest.approx(31.24 / 27.77 - 1,
                                                                                               abs=0.01)

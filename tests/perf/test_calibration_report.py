@@ -17,7 +17,7 @@ def test_run_and_report_on_a_recorded_trace(view, monkeypatch):  # noqa: F811
     monkeypatch.setattr(calibrate, "generated_shard", lambda layers=None, cache_len=640: types.SimpleNamespace(view=view))
     seen = {}
 
-    def fake_held_out(result, hw, est, build, layers):
+    def fake_held_out(result, hw, est, build, layers, hand_profile=None):
         seen.setdefault("sets", []).append(hw.parameter_set)
         return [HeldOut("hybrid_us_per_layer", 100.0, 165.26, "us", "O1", "another kernel")]
 

@@ -18,7 +18,9 @@ Two templates, chosen by the cache length (:func:`stream_plan`):
   sequence's position, blocks past it are never read (a hardware loop, ``nl.dynamic_range``, bounded by a
   register loaded from the position). Under LNC=2 the kv heads are split between the two cores as before; with
   an odd number of kv heads the *blocks* are split instead (each core reads every other block) and the two
-  running states are combined with one ``sendrecv``. Rounding: scores exactly as below; the probabilities are
+  running states are combined with one ``sendrecv``. Any cache length streams: when ``Lb`` does not divide it, the
+  first ``L % Lb`` positions are one more, shorter block (:func:`block_starts`; read as a multiple of 128 with
+  the overlap masked), first under a head split, after the combine under a block split. Rounding: scores exactly as below; the probabilities are
   rounded before normalization (``exp(s - running max)`` in the query dtype, the sum and the rescaling in fp32,
   one division at the end), see docs/serving.md for the tolerance.
 
@@ -55,24 +57,34 @@ def stream_plan(L: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, 
                 block: int = 0, heads: int = 1) -> tuple[int, int] | None:
     """(block positions, SBUF scratch per partition) of the streamed template for a cache of ``L`` positions, or
     None when the single-pass template takes it (``block``: force streaming with this block size, for tests).
-    Blocks are multiples of 128 positions that divide ``L`` (both cores need a block each under a block split);
+    Blocks are multiples of 128 positions that divide ``L`` when ``L`` is a multiple of 128; any other length
+    takes the largest block within the scratch limit and reads its first ``L % Lb`` positions as one more, shorter
+    block (both cores need a block each under a block split);
     ``heads``: kv heads sharing one score tile (:func:`head_group`), whose K/V tiles a block holds at once."""
     if not block and L <= STREAM_ABOVE:
         return None
-    if L % PMAX:
-        raise CodegenError(f"a streamed attention over {L} cache positions needs a multiple of {PMAX} positions")
     top = min(block or BLOCK_MAX, L // 2 if pos_split else L)
     best = None
     for Lb in range(PMAX, top + 1, PMAX):
-        if L % Lb:
-            continue
+        if L % PMAX == 0 and L % Lb:
+            continue  # a multiple of 128 streams in equal blocks; any other length has one more, shorter block
         scratch = _stream_scratch(Lb, D, G, split, kvb, qb, mb, sb, pos_split, heads)
         if best is None or scratch <= STREAM_SCRATCH_MAX:
             best = (Lb, scratch)
     if best is None:
-        raise CodegenError(f"no block of {PMAX}-multiples divides {L} cache positions"
+        raise CodegenError(f"no block of {PMAX}-multiples fits {L} cache positions"
                            + (" twice (LNC=2 splits the blocks between the cores)" if pos_split else ""))
     return best
+
+
+def block_starts(L: int, Lb: int) -> tuple[list[int], list[int]]:
+    """(first position, positions read) of each streamed block of a cache of ``L`` positions in blocks of ``Lb``.
+    When ``Lb`` does not divide ``L``, the first ``r = L % Lb`` positions are one more block, read as the multiple
+    of 128 above ``r`` (its positions past ``r`` belong to the next block and are masked in this one), so every
+    read stays inside the cache and every block is a whole number of 128-position tiles."""
+    r = L % Lb
+    head = ([0], [-(-r // PMAX) * PMAX]) if r else ([], [])
+    return head[0] + [r + k * Lb for k in range(L // Lb)], head[1] + [Lb] * (L // Lb)
 
 
 def _stream_scratch(Lb: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int, pos_split: bool,
@@ -177,7 +189,7 @@ class Attention(ir.Instruction):
 
     def _emit_streamed(self, ctx: Context, plan: tuple[int, int], **paged: Any) -> Emitted:
         """The streamed template; ``paged`` (from :class:`~.paged_attention.PagedAttention`): the K/V loads become
-        block-table gathers over a static loop of blocks."""
+        block-table gathers over a static loop of blocks (each guarded by the sequence's extent when ``dynamic``)."""
         Hkv, L, D = self.kv_dims()
         Hq, G, T = self.q.features // D, self.groups, ctx.tokens
         lay = ctx.layout(self.q)
@@ -192,8 +204,14 @@ class Attention(ir.Instruction):
         per_core = ctx.split(Hkv)
         pos_split = paged.pop("pos_split", ctx.lnc == 2 and not per_core)
         dynamic = paged.pop("dynamic", self.index is not None and KV_INDEX in ctx.inputs)
-        nblocks = L // Lb
-        more = paged.pop("more", nblocks > (2 if pos_split else 1))
+        index = paged.pop("index", ctx.inputs.get(KV_INDEX, ""))  # the [1, T] tile the loop bound is loaded from
+        # a cache that is not a multiple of Lb: its first r positions are one more block, read as Lr (a multiple of
+        # 128) whose positions r ... Lr - 1 are masked (the next block reads them); first under a head split (the
+        # blocks start at r), after the combine under a block split (both cores, on the same combined state)
+        starts, sizes = block_starts(L, Lb)
+        r, Lr, full, nblocks = L % Lb, sizes[0] if L % Lb else 0, L // Lb, len(starts)
+        more = paged.pop("more", full > (2 if pos_split else (0 if r else 1)))
+        first_pos = (f"{r} + pid * {Lb}" if r else f"pid * {Lb}") if pos_split else ""
         cap = self.softcap
         # the core's kv heads in groups of HC sharing one [R, Lb] score tile (zero-padded q and P^T, see the template)
         HC = head_group(per_core or Hkv, G)
@@ -202,6 +220,7 @@ class Attention(ir.Instruction):
         e = Emitted(sbuf=scratch + Hq * S * T * qb, psum_banks=5)
         kgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (PMAX * kvb)))  # K^T tiles per 2 KiB PSUM tile
         pgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (R * qb)))  # P^T tiles per PSUM tile
+        nbr = Lr // PMAX
         names = {k: f"{v}_{k}" for k in ("kn", "vn", "mk", "kT", "kps", "s", "sps", "nm", "l", "acc", "bm", "alpha",
                                            "p", "lb", "pTz", "pTps", "ops", "st", "sto", "rl", "o", "oTps", "npos",
                                            "qz", "kh")}
@@ -219,9 +238,14 @@ class Attention(ir.Instruction):
                half=per_core * G if per_core else 0, pos_split=pos_split, dynamic=dynamic, HC=HC, R=R,
                ngroups=(per_core or Hkv) // HC, head0=f"pid * {per_core} + " if per_core else "",
                q_dtype=nl_dtype(self.q.dtype),
-               index=ctx.inputs.get(KV_INDEX, ""), more=more, i=f"{v}_pos",
-               loop_start=f"{2 * Lb - 1} + pid * {Lb}" if pos_split else str(Lb - 1),
-               loop_step=2 * Lb if pos_split else Lb, nblocks=nblocks,
+               index=index, more=more, i=f"{v}_pos",
+               loop_start=f"{r + 2 * Lb - 1} + pid * {Lb}" if pos_split else str((r or Lb) - 1),
+               loop_step=2 * Lb if pos_split else Lb, nblocks=nblocks, starts=starts, first_pos=first_pos,
+               r=r, Lr=Lr, nbr=nbr, odd_first=bool(r) and not pos_split, odd_last=bool(r) and pos_split,
+               chunks_r=[(c, n) for c, n, _ in tiles(Lr, MOVING_MAX)],
+               kgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, kgroup)))],
+               pgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, pgroup)))],
+               mask_min=repr(float(torch.finfo(self.mask.dtype).min)),
                **{"paged": False, "segments": [], "table": "", "MB": 0, **paged}, **names)
         return e
 

@@ -6,11 +6,18 @@ attention over the blocks each sequence's block table names.
 * :class:`PagedAttention` (``attention_stream.j2`` with ``paged``): the streamed (flash-decoding) attention whose
   K/V block loads are gathers: every run of positions that lies in one cache block is one DMA whose source block
   comes from the block table (loaded once per step into SBUF; ``scalar_offset`` on the pool's block dim). The
-  blocks of the table are a static loop (every entry of the table is read; positions past a sequence's context
-  length are masked, so padding entries only need to name a valid block, as vLLM's do).
+  streamed blocks (:data:`PAGED_BLOCK_MAX` positions at most) are a static loop; every block after the first
+  runs only when the sequence uses it: ``for _ in nl.dynamic_range(start=jb * Lb - 1, stop=<register>)`` runs
+  once or never, the register holding the sequence's *extent*, the last position its mask does not mask out
+  (:func:`mask_extent`, computed on the host from the mask the step already passes, like the mask itself).
+  Positions after it contribute exact zeros to the softmax, so skipping them changes only the bytes and the
+  work. A skipped block's table entries are not read by the kernel (the first block's always are, and the eager
+  reference that verifies the kernel gathers every entry, so padding entries must still name a valid block).
+  A table of a length that is not a multiple of the streamed block starts with one shorter block
+  (:func:`~.attention.block_starts`).
 
-Limits: block sizes that divide 128 or are multiples of it; heads of at most 128 features; under LNC=2 the kv
-heads must split between the two cores.
+Limits: block sizes that divide 128 or are multiples of it; tables of at least 128 positions; heads of at most
+128 features; under LNC=2 the kv heads must split between the two cores.
 """
 from __future__ import annotations
 
@@ -23,11 +30,34 @@ from .. import ir
 from ..emitters import Context, Emitted, aten, code, inst_name, nbytes
 from ..errors import CodegenError
 from ..layout import PMAX
-from ..lowering import Lowerer
+from ..lowering import ArgSource, Lowerer
 from ..registry import register_lowering
-from .attention import BLOCK_MAX, Attention, stream_plan
+from .attention import BLOCK_MAX, Attention, block_starts, stream_plan
 
 V = ir.ValueKind
+
+#: the largest streamed block of a paged attention, in positions: blocks after a sequence's extent are skipped
+#: whole, so a smaller block reads fewer positions past it (at most PAGED_BLOCK_MAX - 1); the gathers are one per
+#: cache block (or 128-position tile) whatever the streamed block is
+PAGED_BLOCK_MAX = 512
+EXTENT = "kv_extent"  # the [1, T] SBUF tile of each sequence's last unmasked position (loaded once per step)
+MASK_EXTENT = "mask_extent"  # ArgSource.convert: the host computes the extent from the step's mask
+
+
+def mask_extent(mask: torch.Tensor) -> torch.Tensor:
+    """Per row of an attention mask ``[..., L]`` (additive, or boolean with True = attend), the last position
+    it does not mask out; ``L - 1`` for a row masked everywhere (every block is then read, as without a bound).
+    Why: a paged attention reads only the blocks up to it. A position counts as masked only when its additive
+    value is ``-inf`` or the dtype's most negative finite value (HF's and vLLM's masks; exp of it is an exact 0);
+    any other value keeps the position, so a mask of another form at worst reads more blocks."""
+    m = mask.reshape(-1, mask.shape[-1])
+    L = m.shape[-1]
+    if m.dtype != torch.bool and not m.dtype.is_floating_point:  # not a mask form this knows: read every block
+        return torch.full((m.shape[0],), L - 1, dtype=torch.int32)
+    live = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min
+    pos = torch.arange(L, device=m.device).expand_as(m)
+    last = torch.where(live, pos, torch.full_like(pos, -1)).amax(-1)
+    return torch.where(last >= 0, last, torch.full_like(last, L - 1)).to(torch.int32)
 
 
 def _tile(ctx: Context, value: ir.Value, n: int, stem: str) -> tuple[list[str], str]:
@@ -85,13 +115,19 @@ class PagedKVWrite(ir.Instruction):
 def block_segments(Lb: int, nblocks: int, BS: int) -> list[list[tuple[int, int, int, int, int]]]:
     """Per streamed block of ``Lb`` positions, its gathers ``(tile, first partition, rows, table entry, first row
     in the cache block)``: the runs of each 128-position tile that lie in one cache block of ``BS`` positions."""
+    return segments_at([jb * Lb for jb in range(nblocks)], [Lb] * nblocks, BS)
+
+
+def segments_at(starts: list[int], sizes: list[int], BS: int) -> list[list[tuple[int, int, int, int, int]]]:
+    """:func:`block_segments` for blocks at any first position (:func:`~.attention.block_starts`: a table whose
+    positions are not a multiple of the streamed block)."""
     out = []
-    for jb in range(nblocks):
+    for start, size in zip(starts, sizes):
         segs = []
-        for u in range(Lb // PMAX):
+        for u in range(size // PMAX):
             p = 0
             while p < PMAX:
-                pos = jb * Lb + u * PMAX + p
+                pos = start + u * PMAX + p
                 n = min(PMAX - p, BS - pos % BS)
                 segs.append((u, p, n, pos // BS, pos % BS))
                 p += n
@@ -106,6 +142,9 @@ class PagedAttention(Attention):
 
     opcode: ClassVar[str] = "paged_attention"
     table: ir.Value | None = None  # INPUT [T, MB] int32
+    #: INPUT [T] int32: each sequence's last unmasked position (:func:`mask_extent`); blocks after it are skipped.
+    #: None: every block of the table is read
+    extent: ir.Value | None = None
 
     def kv_dims(self) -> tuple[int, int, int]:
         NB, BS, Hkv, D = self.k_cache.shape
@@ -117,10 +156,22 @@ class PagedAttention(Attention):
         exact = self.q.dtype != torch.float32 and self.rounding == "eager"
         return stream_plan(L, D, self.groups, lay.split, nbytes(self.k_cache.dtype), nbytes(self.q.dtype),
                            nbytes(self.mask.dtype), nbytes(self.q.dtype) if exact else 4,
-                           block=self.block or min(L, BLOCK_MAX))
+                           block=self.block or min(L, BLOCK_MAX, PAGED_BLOCK_MAX))
 
     def setup(self, ctx: Context) -> list[str]:
-        return _tile(ctx, self.table, ctx.tokens * self.table.shape[1], "kv_table")[0]
+        out = _tile(ctx, self.table, ctx.tokens * self.table.shape[1], "kv_table")[0]
+        return out + (self._extent_tile(ctx)[0] if self.extent is not None else [])
+
+    def _extent_tile(self, ctx: Context) -> tuple[list[str], str]:
+        """The ``[1, T]`` SBUF tile of this attention's extents, loaded once per step and shared by every layer
+        that reads the same mask (``kv_extent``; another mask's extents get ``kv_extent_1``, ...)."""
+        key = f"{EXTENT}:{self.extent.name}"
+        if key in ctx.inputs:
+            return [], ctx.inputs[key]
+        n = len([k for k in ctx.inputs if k.startswith(EXTENT + ":")])
+        var = EXTENT if n == 0 else f"{EXTENT}_{n}"
+        ctx.inputs[key] = var
+        return [code("kv_table.j2", var=var, n=ctx.tokens, index=self.extent.name)], var
 
     def emit(self, ctx: Context, i: int) -> Emitted:
         NB, BS, Hkv, D = self.k_cache.shape
@@ -136,9 +187,10 @@ class PagedAttention(Attention):
             raise CodegenError(f"paged attention over {Hkv} kv heads does not split between the LNC=2 cores")
         Lb, scratch = self._plan(ctx)
         MB = self.table.shape[1]
-        return self._emit_streamed(ctx, (Lb, scratch), paged=True, segments=block_segments(Lb, L // Lb, BS),
+        extent = self._extent_tile(ctx)[1] if self.extent is not None else ""
+        return self._emit_streamed(ctx, (Lb, scratch), paged=True, segments=segments_at(*block_starts(L, Lb), BS),
                                    table=_tile(ctx, self.table, ctx.tokens * MB, "kv_table")[1], MB=MB,
-                                   pos_split=False, dynamic=False, more=False)
+                                   pos_split=False, dynamic=bool(extent), index=extent, more=False)
 
     def reference(self, env: dict[str, torch.Tensor]) -> None:
         k, v = env[self.k_cache.name], env[self.v_cache.name]
@@ -176,9 +228,23 @@ def lower_paged_attention(L: Lowerer, m: Any) -> None:
     table_node = L.input(m, "block_table")
     MB = int(L.node(table_node)["shape"][1])
     table = L.step_input(table_node, (L.T, MB), torch.int32, "block_table")
-    mask = L.step_input(L.input(m, "mask"), (L.T, MB * BS), None, label="attn_mask")
+    mask_node = L.input(m, "mask")
+    mask = L.step_input(mask_node, (L.T, MB * BS), None, label="attn_mask")
     groups = int(m.params.get("num_key_value_groups") or (q.features // D) // Hkv)
     scale = float(m.params.get("scale", D ** -0.5))
     out = L.new_act(L.output(m), L.label(m, "attn"))
     L.emit(PagedAttention(q=q, k_cache=k, v_cache=v, mask=mask, out=out, scale=scale, groups=groups,
-                          rounding="eager", table=table), m)
+                          rounding="eager", table=table, extent=_extent_input(L, mask_node)), m)
+
+
+def _extent_input(L: Lowerer, mask_node: str) -> ir.Value:
+    """The per-step ``[T]`` int32 argument of each sequence's last unmasked position, computed on the host from
+    the mask node's value (``ArgSource.convert``); one per mask, shared by every layer that reads it."""
+    key = f"{mask_node}#{MASK_EXTENT}"
+    if key in L.values:
+        return L.values[key]
+    v = ir.Value(L.unique("kv_extent_in"), V.INPUT, (L.T,), torch.int32, node=mask_node)
+    L.values[key] = v
+    L.order.append(v)
+    L.args[v.name] = ArgSource(mask_node, (L.T,), torch.int32, V.INPUT, convert=MASK_EXTENT)
+    return v

@@ -421,6 +421,10 @@ def marshal_input(src: Any, dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor
         v = v.to(getattr(torch, src.convert.split(":", 1)[1]))
     if src.convert == "bool_mask":
         v = torch.zeros(v.shape, dtype=torch.float32).masked_fill(~v, torch.finfo(torch.float32).min)
+    if src.convert == "mask_extent":  # a paged attention's bound: each row's last unmasked position
+        from ..codegen.ops.paged_attention import mask_extent
+
+        v = mask_extent(v)
     if v.numel() == 1 and len(src.shape) == 1 and src.shape[0] > 1:
         v = v.reshape(1).expand(src.shape[0])
     return v.reshape(src.shape).to(dtype).contiguous()

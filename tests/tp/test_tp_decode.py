@@ -107,6 +107,7 @@ def test_two_ranks_hf_llama_and_parallelize_module(tmp_path: Path) -> None:
         scale = max(abs(v) for step in r["logits_eager"] for v in step)
         assert _max_diff(r["logits_compiled"], r["logits_eager"]) <= 1e-4 * scale, r["rank"]
         _check_one_kernel(r, collectives=6)
+        assert r["pattern_counts"]["fusegraph.vocab_parallel_embedding"] == 1, r["rank"]
         # the kernel's reference VM (its collectives' reference() = the real collective on this job) equals eager
         vm = r["reference_vm"]
         assert vm and all(v["max_diff"] <= 1e-4 * v["scale"] for v in vm), vm
@@ -146,6 +147,11 @@ def _check_one_kernel(r: dict, collectives: int, *, programs: int = 1) -> None:
     every = sorted(c["node"] for c in r["collectives"])
     kernels = {k["label"]: k for k in graph["kernels"] if not k["disabled"]}
     assert any(k["collectives"] == every for k in kernels.values()), (tag, graph["kernels"])
+    # HF's default embedding_rowwise: DTensor's masked vocab-parallel lookup and its all-reduce are the kernel's
+    # first instructions; none of the embedding's ops is left as host glue before it
+    (k,) = [k for k in graph["kernels"] if "opcodes" in k and not k["disabled"]]
+    assert k["opcodes"][:2] == ["embed_vocab_parallel", "all_reduce"], (tag, k["opcodes"][:4])
+    assert k["embed_ops_outside"] == [], (tag, k["embed_ops_outside"])
     ran = r["kernel_collectives"]
     assert sum(c["count"] for c in ran) == collectives * programs, (tag, ran)
     assert all(c["buffer"] == "sbuf" and c["group"] == list(range(r["world_size"])) for c in ran), (tag, ran)

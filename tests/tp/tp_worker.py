@@ -107,7 +107,12 @@ def _stats(program: Any) -> dict:
     for gi, st in program.execution.items():
         run = getattr(st, "run", None)
         kernels = [{"label": p.label, "disabled": bool(p.disabled),
-                    "collectives": sorted(collectives & set(p.lowered.kernel_nodes))}
+                    "collectives": sorted(collectives & set(p.lowered.kernel_nodes)),
+                    "opcodes": [i.opcode for i in p.lowered.program.instructions],
+                    # the embedding's ops the kernel does not compute (host glue before it)
+                    "embed_ops_outside": sorted(n for n, d in program.graph.nodes(data=True)
+                                                if d.get("kind") == "op" and d.get("module") == "model.embed_tokens"
+                                                and n not in p.lowered.kernel_nodes)}
                    for p in getattr(run, "plans", [])]
         # the execution record of the executors being reworked (program/execution.py): one entry per region
         kernels += [{"label": f"region {rr.region_id}", "disabled": bool(rr.disabled),

@@ -8,12 +8,14 @@
   to all ``T`` tokens (tokens moving), weighting each token by its routing weight for that expert (0 when it did
   not choose it). A slot with no expert (fewer than ``S`` chosen) skips its DMAs and compute at run time
   (``nl.dynamic_range`` over registers loaded from the slot's flag): an expert chosen by several tokens is read
-  once per step, an expert nobody chose not at all. Accumulation is in expert order (fp32, each term rounded to
+  once per step, an expert nobody chose not at all (fewer than 8 experts, an expert-parallel rank's share: the
+  ranking row is padded to ``max8``'s 8 with "not chosen"). Accumulation is in expert order (fp32, each term rounded to
   the model dtype), not in top-k rank order: see docs/serving.md "Batches".
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -49,6 +51,9 @@ class Experts(ir.Instruction):
     #: eager loop's ``.to(dtype)``); False for the ``*fp32_weights`` variants (HF Mixtral's fp32 routing weights:
     #: fp32 products summed in fp32, rounded once at the end)
     round_terms: bool = True
+    #: expert parallelism (``codegen/ops/experts_ep.py``): ``[T, K]`` fp32, 1 where the choice is one of this
+    #: rank's experts; the one-token path then runs (DMAs, matmuls, accumulation) only those choices (None: all)
+    mine: ir.Value | None = None
 
     def constrain(self, c: ir.Constraints) -> None:
         c.same(self.x, self.out)
@@ -117,11 +122,20 @@ class Experts(ir.Instruction):
         gu, dn = ctx.var(self.gate_up), ctx.var(self.down)
         idx = ctx.var(self.indices)
         kh = ctx.split(K)
+        bounds = f"{out}_bounds" if self.mine is not None else None
+        if bounds:  # every choice's registers before any weight DMA (the stream may issue them early)
+            e.code("experts_ep_bounds.j2", name=name, K=K, bounds=bounds, mine=ctx.var(self.mine))
+            e.sbuf += 8 * K
+            for kk in range(kh or K):
+                e.code("experts_ep_register.j2", lo=f"{out}_lo{kk}", hi=f"{out}_hi{kk}", bounds=bounds,
+                       k=expr("exprs.j2", "core_index", per_core=kh, i=kk))
         for t in range(T):
             for kk in range(kh or K):
                 k = expr("exprs.j2", "core_index", per_core=kh, i=kk)
                 sel = expr("exprs.j2", "expert_id", idx=idx, t=t, k=k)
                 sub = f"{name}.t{t}k{kk}"
+                guard = (f"{out}_lo{kk}", f"{out}_hi{kk}") if bounds else None
+                lin = partial(_guarded_linear, e, guard) if guard else partial(linear_pieces, e)
                 gu_tile = f"{out}_gu"
                 e.code("linear_open.j2", module=f"{self.module or 'experts'} gate/up of expert idx[{t},{k}]", aten="bmm",
                        N=NTg * Pg, K=KT * Pk, out=gu_tile, Pn=Pg, NT=NTg, T=1, dtype=nl_dtype(dt), name=sub,
@@ -130,11 +144,12 @@ class Experts(ir.Instruction):
                 def gu_src(n0: int, n1: int, sel: str = sel) -> str:
                     return expr("exprs.j2", "expert_weight", w=gu, P=Pg, NT=NTg, KT=KT, Pk=Pk, n0=n0, n1=n1, sel=sel)
 
-                linear_pieces(e, name=f"{sub}.gu", x=ctx.var(self.x), tok=f"{t}:{t + 1}", out=gu_tile, w_hbm=gu,
-                              w_src=gu_src, Pk=Pk, KT=KT, Pn=Pg, NT=NTg, T=1, wdtype=self.gate_up.dtype,
-                              chunk_bytes=ctx.chunk_bytes, earliest=i, index=i, stream="dynamic")
-                e.code("experts_combine.j2", name=sub, hact=f"{out}_ga", h=f"{out}_h", gu=gu_tile, Pg=Pg, NTh=KTi,
-                       act_op=act_op(self.act), dtype=nl_dtype(dt))
+                lin(name=f"{sub}.gu", x=ctx.var(self.x), tok=f"{t}:{t + 1}", out=gu_tile, w_hbm=gu,
+                    w_src=gu_src, Pk=Pk, KT=KT, Pn=Pg, NT=NTg, T=1, wdtype=self.gate_up.dtype,
+                    chunk_bytes=ctx.chunk_bytes, earliest=i, index=i, stream="dynamic")
+                e.code("experts_ep_combine.j2" if guard else "experts_combine.j2", name=sub, hact=f"{out}_ga",
+                       h=f"{out}_h", gu=gu_tile, Pg=Pg, NTh=KTi, act_op=act_op(self.act), dtype=nl_dtype(dt),
+                       **(dict(lo=guard[0], hi=guard[1]) if guard else {}))
                 y = f"{out}_y"
                 e.code("linear_open.j2", module=f"{self.module or 'experts'} down of expert idx[{t},{k}]", aten="bmm",
                        N=NTo * Ph, K=KTi * Pi, out=y, Pn=Ph, NT=NTo, T=1, dtype=nl_dtype(dt), name=sub,
@@ -143,11 +158,13 @@ class Experts(ir.Instruction):
                 def dn_src(n0: int, n1: int, sel: str = sel) -> str:
                     return expr("exprs.j2", "expert_weight", w=dn, P=Ph, NT=NTo, KT=KTi, Pk=Pi, n0=n0, n1=n1, sel=sel)
 
-                linear_pieces(e, name=f"{sub}.down", x=f"{out}_h", tok="0:1", out=y, w_hbm=dn, w_src=dn_src, Pk=Pi,
-                              KT=KTi, Pn=Ph, NT=NTo, T=1, wdtype=self.down.dtype, chunk_bytes=ctx.chunk_bytes,
-                              earliest=i, index=i, stream="dynamic")
-                e.code("experts_accumulate.j2", name=sub, yw=f"{out}_yw", y=y, wb=wb, t=t, k=k, acc=f"{out}_acc",
-                       Ph=Ph, FTh=NTo, dtype=nl_dtype(dt) if self.round_terms else "nl.float32")
+                lin(name=f"{sub}.down", x=f"{out}_h", tok="0:1", out=y, w_hbm=dn, w_src=dn_src, Pk=Pi,
+                    KT=KTi, Pn=Ph, NT=NTo, T=1, wdtype=self.down.dtype, chunk_bytes=ctx.chunk_bytes,
+                    earliest=i, index=i, stream="dynamic")
+                e.code("experts_ep_accumulate.j2" if guard else "experts_accumulate.j2", name=sub, yw=f"{out}_yw",
+                       y=y, wb=wb, t=t, k=k, acc=f"{out}_acc", Ph=Ph, FTh=NTo,
+                       dtype=nl_dtype(dt) if self.round_terms else "nl.float32",
+                       **(dict(lo=guard[0], hi=guard[1]) if guard else {}))
         e.code("experts_close.j2", out=out, acc=f"{out}_acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name,
                lnc=bool(kh))
         return e
@@ -172,7 +189,7 @@ class Experts(ir.Instruction):
         db = nbytes(dt)
         half = ctx.split(S)  # LNC=2: core pid runs slots pid, pid + 2, ... (the used slots are a prefix)
         mine = [(f"pid + {2 * j}" if half else str(j), j) for j in range(half or S)]
-        sbuf = (NTo * T * (4 + db) + 12 * E + 8 * K + 4 * E + 16 * R + 8 * S + 4 * ET * (T + 2 * S)
+        sbuf = (NTo * T * (4 + db) + 12 * E + 4 * max(0, 8 - E) + 8 * K + 4 * E + 16 * R + 8 * S + 4 * ET * (T + 2 * S)
                 + 4 * T + T * db * (NTg + 2 * KTi + 2 * NTo))
         e = Emitted(sbuf=sbuf, psum_banks=3)
         v = f"{out}_"

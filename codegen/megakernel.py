@@ -33,7 +33,7 @@ from .layout import Layout
 from .ops.io import Store
 from .plan import Budget, live_activation_peak, plan_layouts, sbuf_budget
 from .render import nl_dtype, render, templates_hash
-from .stream import resolve
+from .stream import ChunkUse, CriticalEnd, resolve
 
 KIB = 1024
 
@@ -118,6 +118,8 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
             continue
         module_code += [h for h in helpers if h not in module_code]
         pieces.extend(em.pieces)
+        if _critical_loads(ins, em.pieces):
+            pieces.append(CriticalEnd(i))
         peak_scratch = max(peak_scratch, em.sbuf)
         scratch_at[i] = em.sbuf
         peak_psum = max(peak_psum, em.psum_banks)
@@ -179,3 +181,12 @@ def _version() -> str:
         return __version__
     except Exception:  # pragma: no cover
         return "?"
+
+
+def _critical_loads(ins: ir.Instruction, pieces: list) -> bool:
+    """Whether the loads of ``ins`` are on the critical path of the step (see :class:`~.stream.CriticalEnd`): it
+    reads the KV cache the step just updated and produces a value (attention), or it streams weights chosen at run
+    time (the experts a router picked)."""
+    if ins.writes() and any(v.kind == ir.ValueKind.STATE for v in ins.reads()):
+        return True
+    return any(isinstance(p, ChunkUse) and p.chunk.stream == "dynamic" for p in pieces)

@@ -69,12 +69,21 @@ class ChunkUse:
 
 @dataclass
 class PrefetchPoint:
-    """Where the kernel is about to wait without using its DMA queues (before a collective: the all-reduce after
-    o_proj or the MLP). Why: the DMA queues serve transfers in the order they are issued, so a weight prefetch
-    issued as early as its ring slot allows sits in front of the loads the next instructions wait for (the KV write
-    and the cache reads of attention, a router's experts). When a kernel has such points, static weight chunks
-    are issued only there (as far ahead as the ring allows) or when an instruction needs them, so their transfers
-    fill the collective's idle time instead."""
+    """Where the kernel is about to wait without using its DMA queues (after a collective is issued: the
+    all-reduce after o_proj or the MLP). Why: the DMA queues serve transfers in the order they are issued, so a
+    weight prefetch issued as early as its ring slot allows sits in front of the loads the next instructions wait
+    for (the KV write and the cache reads of attention, a router's experts). In a kernel with such points the
+    static stream is issued there as far ahead as the ring allows; elsewhere it looks ahead only to the chunks used
+    before the end of the next :class:`CriticalEnd` (the loads in between go first), so its transfers fill the
+    collective's idle time instead."""
+    instruction: int
+
+
+@dataclass
+class CriticalEnd:
+    """After an instruction whose own loads are latency-critical (attention reading the cache this step's KV write
+    just updated; experts fetching the router's choices): with prefetch points, static chunks used after it are not
+    issued before it (see :class:`PrefetchPoint`). Placed by :func:`~.megakernel.generate`."""
     instruction: int
 
 
@@ -86,7 +95,22 @@ def resolve(pieces: list, ring: int, indent: int = 4) -> tuple[str, dict]:
     names = {u.chunk.uid: f"{STREAMS[s]}{i % rings[s]}" for s in STREAMS for i, u in enumerate(uses[s])}
     # with prefetch points the static stream is issued there (and when needed); otherwise as early as the ring allows
     deferred = any(isinstance(p, PrefetchPoint) for p in pieces)
-    ahead = {s: 0 if deferred and s == "static" else rings[s] - 1 for s in STREAMS}
+    # with prefetch points: at each piece, the static chunks that may be issued there are those used before the
+    # next critical end (at a critical end itself: before the following one); no cap after the last one
+    cap = [len(uses["static"])] * len(pieces)
+    if deferred:
+        before, seen = [0] * len(pieces), 0
+        for k, p in enumerate(pieces):
+            before[k] = seen
+            seen += isinstance(p, ChunkUse) and stream_of(p.chunk) == "static"
+        nxt = len(uses["static"])
+        for k in range(len(pieces) - 1, -1, -1):
+            cap[k] = nxt
+            if isinstance(pieces[k], CriticalEnd):
+                nxt = before[k]
+
+    def upto(st: str, want: int, k: int) -> int:
+        return min(want, cap[k] - 1) if st == "static" else want
     loaded = {s: 0 for s in STREAMS}  # chunks of each stream whose DMA has been emitted
     used = {s: 0 for s in STREAMS}  # chunks of each stream whose compute has been emitted
     out: list[str] = []
@@ -108,19 +132,22 @@ def resolve(pieces: list, ring: int, indent: int = 4) -> tuple[str, dict]:
                                   dtype=c.dtype, src=c.src, name=c.name, dge=dge, start=c.guard[0], stop=c.guard[1]))
             loaded[s] += 1
 
-    for p in pieces:
+    for k, p in enumerate(pieces):
         if isinstance(p, ChunkUse):
             s = stream_of(p.chunk)
             i = index[p.chunk.uid]
-            load(s, i + ahead[s], p.instruction, must=i)
+            load(s, upto(s, i + rings[s] - 1, k), p.instruction, must=i)
             max_ahead = max(max_ahead, loaded[s] - 1 - i)
             used[s] = i + 1
             for other in STREAMS:  # the other stream may prefetch now too (its ring slots are free)
                 if other != s:
-                    load(other, used[other] + ahead[other], p.instruction, must=used[other] - 1)
-        elif isinstance(p, PrefetchPoint):
+                    load(other, upto(other, used[other] + rings[other] - 1, k), p.instruction,
+                         must=used[other] - 1)
+        elif isinstance(p, (PrefetchPoint, CriticalEnd)):
             for st in STREAMS:
-                load(st, used[st] + rings[st] - 1, p.instruction, must=used[st] - 1)
+                want = used[st] + rings[st] - 1
+                load(st, want if isinstance(p, PrefetchPoint) else upto(st, want, k), p.instruction,
+                     must=used[st] - 1)
                 max_ahead = max(max_ahead, loaded[st] - used[st])
         else:
             out.append(p)

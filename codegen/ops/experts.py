@@ -32,6 +32,7 @@ from ..lowering import Lowerer
 from ..registry import register_lowering
 from ..render import nl_dtype
 from ..stream import ChunkUse
+from ._common import sb2sb_dma_engine
 
 
 @dataclass
@@ -166,7 +167,7 @@ class Experts(ir.Instruction):
                        dtype=nl_dtype(dt) if self.round_terms else "nl.float32",
                        **(dict(lo=guard[0], hi=guard[1]) if guard else {}))
         e.code("experts_close.j2", out=out, acc=f"{out}_acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name,
-               lnc=bool(kh))
+               lnc=bool(kh), engine=sb2sb_dma_engine(Ph, NTo * T, 4))
         return e
 
     def _emit_grouped(self, ctx: Context, i: int) -> Emitted:
@@ -234,7 +235,7 @@ class Experts(ir.Instruction):
             e.code("experts_group_accumulate.j2", name=sub, yw=f"{out}_yw", y=y, ws=f"{v}w", acc=f"{v}acc", Ph=Ph,
                    FTh=NTo, T=T, dtype=nl_dtype(dt) if self.round_terms else "nl.float32", lo=lo, hi=hi)
         e.code("experts_close.j2", out=out, acc=f"{v}acc", Ph=Ph, FTh=NTo, T=T, dtype=nl_dtype(dt), name=name,
-               lnc=bool(half))
+               lnc=bool(half), engine=sb2sb_dma_engine(Ph, NTo * T, 4))
         return e
 
     def reference(self, env: dict[str, torch.Tensor]) -> None:

@@ -19,7 +19,7 @@ import torch
 
 from fusegraph.codegen import ir
 from fusegraph.codegen.schedule import kv_first
-from fusegraph.codegen.stream import Chunk, ChunkUse, PrefetchPoint, resolve
+from fusegraph.codegen.stream import Chunk, ChunkUse, CriticalEnd, PrefetchPoint, resolve
 from fusegraph.nkiapi.conformance import check_source
 
 from .harness import Builder
@@ -100,22 +100,25 @@ def test_norm_weights_do_not_take_slots_of_the_big_ring():
 
 
 def test_prefetch_points_take_static_weights_out_of_the_critical_loads():
-    """Without prefetch points the next projection's weights are issued as soon as the ring allows, i.e. in front of
-    the KV write; with one (after the all-reduce) they are issued there and the KV write goes first."""
+    """Without prefetch points the next projections' weights are issued as soon as the ring allows, i.e. in front of
+    the KV write; with them, the static chunks used after a critical instruction (attention, experts) are issued
+    after its loads (at its end), and a prefetch point (after the all-reduce) issues as far ahead as the ring
+    allows."""
     def pieces(point: bool) -> list:
         p = [ChunkUse(_chunk("q", 16384), 0), "# qproj\n", '    nisa.dma_copy(dst=c, src=k, name="kv_write")\n',
-             "# attention\n", ChunkUse(_chunk("o", 16384), 2), "# oproj\n", "# allreduce\n"]
+             "# attention\n", CriticalEnd(2), ChunkUse(_chunk("o", 16384), 3), "# oproj\n", "# allreduce\n"]
         if point:
-            p.append(PrefetchPoint(3))
-        return p + ["# norm\n", ChunkUse(_chunk("router", 4096), 5), "# router\n", ChunkUse(_chunk("q2", 16384), 6),
-                    "# qproj2\n"]
+            p.append(PrefetchPoint(4))
+        return p + ["# norm\n", ChunkUse(_chunk("router", 4096), 5), "# router\n", "# experts\n", CriticalEnd(6),
+                    ChunkUse(_chunk("q2", 16384), 7), "# qproj2\n", ChunkUse(_chunk("o2", 16384), 8), "# oproj2\n"]
 
     eager = _order(resolve(pieces(False), ring=4, indent=4)[0])
     assert eager.index("o") < eager.index("kv_write") and eager.index("router") < eager.index("kv_write")
     deferred = _order(resolve(pieces(True), ring=4, indent=4)[0])
-    assert deferred.index("kv_write") < deferred.index("o") < deferred.index("oproj")  # o: issued when needed
-    assert deferred.index("allreduce") < deferred.index("router") < deferred.index("norm")
-    assert deferred.index("q2") < deferred.index("norm")  # as far ahead as the ring allows, at the point
+    assert deferred.index("kv_write") < deferred.index("o") < deferred.index("oproj")  # at the attention's end
+    assert deferred.index("router") < deferred.index("oproj")  # used before the next critical end: same place
+    assert deferred.index("allreduce") < deferred.index("q2") < deferred.index("norm")  # at the prefetch point
+    assert deferred.index("allreduce") < deferred.index("o2") < deferred.index("norm")  # as far as the ring allows
 
 
 # ---- KV writes first -------------------------------------------------------------------------------------------

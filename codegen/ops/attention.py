@@ -14,7 +14,10 @@ Two templates, chosen by the cache length (:func:`stream_plan`):
   Vector/Scalar softmax instruction runs once per block for all of them (its cost is its free size, not its
   partitions). One K and one V DMA per block load all the group's heads, each partition holding ``Lb / 128``
   consecutive positions (one descriptor run of ``Lb / 128 x D`` elements instead of one row); K^T columns are
-  copied back into position order and P^T tiles taken with that stride. When the step's KV write gives each
+  copied back into position order and P^T tiles taken with that stride; for 2-byte caches with heads of at most
+  128 (head split, not paged) K^T comes instead by one indirect ``dma_transpose`` per kv head and block
+  (:func:`kt_by_dma`; bit-identical: the score matmuls read it in position order through a strided view). When
+  the step's KV write gives each
   sequence's position, blocks past it are never read (a hardware loop, ``nl.dynamic_range``, bounded by a
   register loaded from the position). Under LNC=2 the kv heads are split between the two cores as before; with
   an odd number of kv heads the *blocks* are split instead (each core reads every other block) and the two
@@ -50,6 +53,12 @@ STREAM_ABOVE = 2048
 BLOCK_MAX = 2048
 #: the largest SBUF scratch per partition a streamed block may take (a smaller block is chosen above it)
 STREAM_SCRATCH_MAX = 64 * 1024
+#: K^T of a streamed block by an indirect DMA transpose (HBM -> SBUF, as nki-library's decode attention_tkg loads
+#: K) instead of Tensor-engine transposes and PSUM evictions; see :func:`kt_by_dma` for when it applies. Off by
+#: default: with the transpose at O6's 90% of the DMA throughput the long-context step is DMA-bound and the cost
+#: model puts it 0.3-0.7% slower for Qwen3-30B-A3B (1.6% faster for Llama-3-8B at 131,072), and nki-library's own
+#: notes report a regression from replacing nc_transpose by dma_transpose in a DMA-bound kernel
+KT_BY_DMA = False
 KV_INDEX = "kv_index"  # the SBUF tile of this step's cache positions (loaded once per step, shared with KV writes)
 
 
@@ -96,6 +105,22 @@ def _stream_scratch(Lb: int, D: int, G: int, split: int, kvb: int, qb: int, mb: 
     block = (2 * heads * nb * D * kvb + heads * split * Lb * kvb + Lb * (mb + sb + qb)
              + D * 4 + D * qb + 8 * 4 + (2 * (D + 2) * 4 if pos_split else 0))
     return 2 * block + heads * nb * R * qb + split * heads * R * qb
+
+
+def kt_by_dma(Lb: int, Lr: int, D: int, split: int, kvb: int, rows: int, *, paged: bool, pos_split: bool) -> bool:
+    """Whether a streamed block takes K^T by ``dma_transpose`` (:data:`KT_BY_DMA`). Why these conditions: the DMA
+    transpose of an indirect (runtime-row) source needs a 2-byte dtype and a last dim of at most 128 (one partition
+    tile per head, ``split == 1``), the loop's row index advances by whole rows of ``Lb / 128`` positions (a
+    head split; a block split's per-core start is not done), and the score matmuls read K^T back in position
+    order through a strided view, so every 512-column score chunk must be whole rows (``Lb / 128`` divides its
+    start and size), and the cache's ``rows`` (batch x kv heads x positions) view as whole rows of ``Lb / 128``
+    positions (the indirect index counts those rows). Paged gathers keep the Tensor-engine transposes."""
+    if not KT_BY_DMA or paged or pos_split or split != 1 or kvb != 2 or D > PMAX:
+        return False
+    for L_, nb in ((Lb, Lb // PMAX), (Lr, Lr // PMAX)):
+        if L_ and (rows % nb or any(c % nb or n % nb for c, n, _ in tiles(L_, MOVING_MAX))):
+            return False
+    return True
 
 
 def head_group(heads: int, G: int) -> int:
@@ -223,7 +248,10 @@ class Attention(ir.Instruction):
         nbr = Lr // PMAX
         names = {k: f"{v}_{k}" for k in ("kn", "vn", "mk", "kT", "kps", "s", "sps", "nm", "l", "acc", "bm", "alpha",
                                            "p", "lb", "pTz", "pTps", "ops", "st", "sto", "rl", "o", "oTps", "npos",
-                                           "qz", "kh")}
+                                           "qz", "kh", "kio", "kidx")}
+        kv_rows = self.k_cache.shape[0] * Hkv * L
+        kt_dma = kt_by_dma(Lb, Lr if r and not pos_split else 0, D, S, kvb, kv_rows, paged=bool(paged.get("paged")),
+                           pos_split=pos_split)
         e.code("attention_stream.j2", module=self.module or "", aten=aten(self), name=inst_name(self), D=D, P=P,
                split=S, Hq=Hq, Hkv=Hkv, G=G, L=L, Lb=Lb, nb=nb, T=T, out=v, dtype=nl_dtype(self.out.dtype),
                kv_dtype=nl_dtype(self.k_cache.dtype), mask_hbm=ctx.var(self.mask),
@@ -245,7 +273,7 @@ class Attention(ir.Instruction):
                chunks_r=[(c, n) for c, n, _ in tiles(Lr, MOVING_MAX)],
                kgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, kgroup)))],
                pgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, pgroup)))],
-               mask_min=repr(float(torch.finfo(self.mask.dtype).min)),
+               mask_min=repr(float(torch.finfo(self.mask.dtype).min)), kt_dma=kt_dma, kv_rows=kv_rows,
                **{"paged": False, "segments": [], "table": "", "MB": 0, **paged}, **names)
         return e
 

@@ -173,6 +173,12 @@ def dma_transfer(hw: HardwareParams, nbytes: float, count: int, partitions: int,
             "descriptor_bytes": s, "ideal": nbytes / hw.dma_bandwidth_core}
 
 
+def _transposed(tr: dict[str, float], efficiency: float) -> dict[str, float]:
+    """A plain transfer's figures for a DMA transpose: occupancy and duration divided by its throughput fraction."""
+    return {**tr, "occupancy": tr["occupancy"] / efficiency, "own": tr["own"] / efficiency,
+            "efficiency": tr["efficiency"] * efficiency}
+
+
 # ---- collectives -------------------------------------------------------------------------------------------------
 def ring_steps_and_factor(op: str, n: int) -> tuple[int, float]:
     """(ring steps, wire bytes per byte of the op's buffer) of a ring collective over ``n`` ranks.
@@ -296,6 +302,9 @@ def line_work(hw: HardwareParams, ln: KernelLine, index: int) -> Work:
         d0 = max(ln.dmas, key=lambda d: d["bytes"])
         engine, per = dma_issue(hw, d0["dge_mode"], d0["queue"], ln.indirect)
         tr = dma_transfer(hw, nbytes, count, parts, desc)
+        if ln.opcode == "dma_transpose":  # O6: a transposing DMA moves its bytes at a fraction of the throughput
+            tr = _transposed(tr, hw.dma_transpose_efficiency_hbm if _is_hbm(d0["src_buffer"])
+                             else hw.dma_transpose_efficiency_sbuf)
         hbm_r = sum(d.get("read_bytes", d["bytes"]) for d in ln.dmas if _is_hbm(d["src_buffer"]))
         hbm_w = sum(d.get("write_bytes", d["bytes"]) for d in ln.dmas if _is_hbm(d["dst_buffer"]))
         tensor = d0["src_tensor"] if _is_hbm(d0["src_buffer"]) else d0["dst_tensor"]

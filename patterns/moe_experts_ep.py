@@ -45,6 +45,13 @@ def _check(m):
     return True
 
 
+def _route(indices, weights, num_local, ep_rank):
+    """HF ``AllReduceEP``'s route mask: the rank's local expert ids (the sentinel ``num_local`` for other ranks'
+    choices) and the routing weights with other ranks' choices zeroed."""
+    off_rank = (indices // num_local) != ep_rank
+    return torch.where(off_rank, num_local, indices % num_local), weights.masked_fill(off_rank, 0.0)
+
+
 @register_pattern(
     "fusegraph.moe_experts_ep",
     template="moe_experts_ep",
@@ -65,9 +72,7 @@ def _check(m):
 def moe_experts_ep(x, indices, weights, gate_up_proj, down_proj, *, act, ep_rank):
     """HF ``AllReduceEP`` (the route mask) + ``batched_mm`` experts with ``_is_expert_parallel``, one rank."""
     num_local = gate_up_proj.shape[0]
-    off_rank = (indices // num_local) != ep_rank
-    local_index = torch.where(off_rank, num_local, indices % num_local)
-    weights = weights.masked_fill(off_rank, 0.0)
+    local_index, weights = _route(indices, weights, num_local, ep_rank)
     num_top_k = local_index.size(-1)
     num_tokens = x.size(0)
     hidden_dim = x.size(-1)
@@ -99,9 +104,7 @@ def _ep_grouped_mm(x, indices, weights, gate_up_proj, down_proj, *, act, ep_rank
     zeroed before and after each grouped matmul."""
     mm = _grouped(gmm)
     num_local = gate_up_proj.shape[0]
-    off_rank = (indices // num_local) != ep_rank
-    local_index = torch.where(off_rank, num_local, indices % num_local)
-    weights = weights.masked_fill(off_rank, 0.0)
+    local_index, weights = _route(indices, weights, num_local, ep_rank)
     num_top_k = local_index.size(-1)
     num_tokens = x.size(0)
     hidden_dim = x.size(-1)

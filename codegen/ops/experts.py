@@ -290,8 +290,10 @@ def _guarded_linear(e: Emitted, guard: tuple[str, str], **kw: Any) -> None:
     e.psum_banks = max(e.psum_banks, sub.psum_banks)
 
 
-@register_lowering("moe_experts", instructions=[Experts])
-def lower_experts(L: Lowerer, m: Any) -> None:
+def expert_operands(L: Lowerer, m: Any, what: str = "experts") -> tuple[ir.Value, ...]:
+    """(x, routing weights, expert indices, gate_up, down) of an experts match. Why the routing must be the kernel's
+    own values: the experts' weight DMAs are indexed by the router's choices in SBUF, so a router computed outside
+    the kernel (or not at all) cannot drive them."""
     x = L.act(L.input(m, "x"), L.views(m, "x"))
     wv = L.values.get(L.input(m, "weights"))
     iv = L.values.get(L.input(m, "indices"))
@@ -300,9 +302,13 @@ def lower_experts(L: Lowerer, m: Any) -> None:
     for view in L.views(m, "indices"):
         iv = iv or L.values.get(view)
     if wv is None or iv is None:
-        raise CodegenError("experts must consume the routing computed by a router in the same kernel")
-    gu = L.hbm(L.input(m, "gate_up_proj"))
-    dn = L.hbm(L.input(m, "down_proj"))
+        raise CodegenError(f"{what} must consume the routing computed by a router in the same kernel")
+    return x, wv, iv, L.hbm(L.input(m, "gate_up_proj")), L.hbm(L.input(m, "down_proj"))
+
+
+@register_lowering("moe_experts", instructions=[Experts])
+def lower_experts(L: Lowerer, m: Any) -> None:
+    x, wv, iv, gu, dn = expert_operands(L, m)
     out = L.new_act(L.output(m), L.label(m))
     # HF's batched/grouped forms with fp32 routing weights (Mixtral's router) sum fp32 products, rounded once
     round_terms = not str(getattr(m, "variant", "")).startswith(("batched_mm_fp32_weights", "grouped_mm_fp32_weights"))

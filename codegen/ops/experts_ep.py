@@ -27,7 +27,7 @@ from ..errors import CodegenError
 from ..lowering import Lowerer
 from ..registry import register_lowering
 from ..render import nl_dtype
-from .experts import Experts
+from .experts import Experts, expert_operands
 
 V = ir.ValueKind
 
@@ -85,17 +85,7 @@ def _check(m: Any, graph: Any, tokens: int | None) -> str | None:
 
 @register_lowering("moe_experts_ep", check=_check, instructions=[EpRoute, Experts])
 def lower_experts_ep(L: Lowerer, m: Any) -> None:
-    x = L.act(L.input(m, "x"), L.views(m, "x"))
-    wv = L.values.get(L.input(m, "weights"))
-    iv = L.values.get(L.input(m, "indices"))
-    for view in L.views(m, "weights"):
-        wv = wv or L.values.get(view)
-    for view in L.views(m, "indices"):
-        iv = iv or L.values.get(view)
-    if wv is None or iv is None:
-        raise CodegenError("EP experts must consume the routing computed by a router in the same kernel")
-    gu = L.hbm(L.input(m, "gate_up_proj"))
-    dn = L.hbm(L.input(m, "down_proj"))
+    x, wv, iv, gu, dn = expert_operands(L, m, "EP experts")
     E = int(gu.shape[0])
     rank = int(m.params["ep_rank"])
     stem = L.label(m, "ep")

@@ -16,13 +16,15 @@ import sys
 import warnings
 from collections import Counter
 from pathlib import Path
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tp_worker import _kernel_collectives, _program_facts, _reference_vm, _stats  # noqa: E402  (TP worker helpers)
+from tp_worker import (  # noqa: E402  (TP worker helpers)
+    _kernel_collectives, _program_facts, _reference_vm, _stats, decode_step, load_model, prefilled)
 
 
 def _moe_matches(program: Any) -> list[dict]:
@@ -39,20 +41,13 @@ def _moe_matches(program: Any) -> list[dict]:
 
 
 def _ep(spec: dict, rank: int) -> dict:
-    import transformers
-    from transformers import StaticCache
     from transformers.distributed import DistributedConfig
 
     import fusegraph
 
-    dtype = getattr(torch, spec.get("dtype", "float32"))
-    kw = {"attn_implementation": spec.get("attn", "eager")}
-    if spec.get("experts"):
-        kw["experts_implementation"] = spec["experts"]
-    cls = getattr(transformers, spec["family"] + "ForCausalLM")
     world = dist.get_world_size()
     cfg = DistributedConfig(**spec.get("distributed", {"tp_size": world, "ep_size": world}))
-    model = cls.from_pretrained(spec["dir"], distributed_config=cfg, dtype=dtype, **kw).eval()
+    model = load_model(spec, cfg)
     experts = model.model.layers[0].mlp.experts
     res: dict[str, Any] = {
         "local_experts": int(experts.num_experts),
@@ -63,18 +58,8 @@ def _ep(spec: dict, rank: int) -> dict:
         "router_type": type(model.model.layers[0].mlp.gate.weight).__name__,
     }
 
-    def prefilled() -> tuple[Any, torch.Tensor]:
-        cache = StaticCache(config=model.config, max_cache_len=32)
-        torch.manual_seed(0)  # the same prompt on every rank (and in the single-process reference)
-        prompt = torch.randint(0, model.config.vocab_size, (spec.get("batch", 1), 8))
-        with torch.no_grad():
-            logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
-        return cache, logits[:, -1].argmax(-1, keepdim=True)
-
-    (cache_c, tok), (cache_e, _) = prefilled(), prefilled()
-
-    def step(cache):
-        return lambda t, p: model(input_ids=t, cache=cache, position_ids=p, use_cache=True).logits
+    (cache_c, tok), (cache_e, _) = prefilled(model, spec), prefilled(model, spec)
+    step = partial(decode_step, model)
 
     eager = step(cache_e)
     res.update({"tokens_compiled": [], "tokens_eager": [], "logits_compiled": [], "logits_eager": [],

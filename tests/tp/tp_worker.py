@@ -15,6 +15,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from functools import partial
 from typing import Any
 
 import torch
@@ -200,33 +201,45 @@ def _reference_vm(program: Any) -> list[dict]:
     return out
 
 
-def _hf(spec: dict, rank: int) -> dict:
+def load_model(spec: dict, distributed_config: Any) -> Any:
+    """The spec's HF model (``family``, ``dir``, ``dtype``, ``attn``, ``experts``) loaded with HF-native parallelism."""
     import transformers
-    from transformers import StaticCache
-    from transformers.distributed import DistributedConfig
 
-    import fusegraph
-
-    dtype = getattr(torch, spec.get("dtype", "float32"))
     kw = {"attn_implementation": spec.get("attn", "eager")}
     if spec.get("experts"):
         kw["experts_implementation"] = spec["experts"]
     cls = getattr(transformers, spec["family"] + "ForCausalLM")
+    return cls.from_pretrained(spec["dir"], distributed_config=distributed_config,
+                               dtype=getattr(torch, spec.get("dtype", "float32")), **kw).eval()
+
+
+def prefilled(model: Any, spec: dict) -> tuple[Any, torch.Tensor]:
+    """A static cache prefilled with the same 8-token prompt on every rank (and in the single-process reference),
+    and the greedy token after it."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    torch.manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (spec.get("batch", 1), 8))
+    with torch.no_grad():
+        logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
+    return cache, logits[:, -1].argmax(-1, keepdim=True)
+
+
+def decode_step(model: Any, cache: Any) -> Any:
+    """The decode step the tests compile: one token per sequence at the given positions, the logits."""
+    return lambda t, p: model(input_ids=t, cache=cache, position_ids=p, use_cache=True).logits
+
+
+def _hf(spec: dict, rank: int) -> dict:
+    from transformers.distributed import DistributedConfig
+
+    import fusegraph
+
     tp = DistributedConfig(tp_plan=spec.get("tp_plan", "auto"))  # a dict overrides single rules of the model's plan
-    model = cls.from_pretrained(spec["dir"], distributed_config=tp, dtype=dtype, **kw).eval()
-
-    def prefilled() -> tuple[Any, torch.Tensor]:
-        cache = StaticCache(config=model.config, max_cache_len=32)
-        torch.manual_seed(0)  # the same prompt on every rank (and in the single-process reference)
-        prompt = torch.randint(0, model.config.vocab_size, (spec.get("batch", 1), 8))
-        with torch.no_grad():
-            logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
-        return cache, logits[:, -1].argmax(-1, keepdim=True)
-
-    (cache_c, tok), (cache_e, _) = prefilled(), prefilled()
-
-    def step(cache):
-        return lambda t, p: model(input_ids=t, cache=cache, position_ids=p, use_cache=True).logits
+    model = load_model(spec, tp)
+    (cache_c, tok), (cache_e, _) = prefilled(model, spec), prefilled(model, spec)
+    step = partial(decode_step, model)
 
     options = {"executor": spec.get("executor", "eager"), "cache_dir": "off", **spec.get("options", {}),
                **spec.get("rank_options", {}).get(str(rank), {})}  # one rank built otherwise (rank agreement)

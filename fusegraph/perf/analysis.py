@@ -131,7 +131,8 @@ _COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 def profile_program0(generated: Any, target: str, settings: Any,
                      assume: Any = None) -> tuple[dict[str, Any], Any]:
     """Run ``generated`` shape-only with the executor's SBUF budget and LNC, with the per-instruction trace; return
-    the profile (all programs) and the cost model's view of **program 0 of rank 0**: one physical core, as
+    the profile (all programs) and the cost model's view of **program 0 of this process's rank** (rank 0 outside a
+    distributed job): one physical core, as
     ``bench --against`` costs a published kernel (the profile's per-line aggregates add up both programs of an
     LNC=2 kernel, which would put two cores' work on one). A collective call has no ``name=``: it takes the
     region and layer of the instruction before it (the producer of what it reduces), so it is counted per layer."""
@@ -147,7 +148,8 @@ def profile_program0(generated: Any, target: str, settings: Any,
         kwargs["assume"] = assume
     nkisim.run(ns[generated.name], *_abstract_args(generated), target=target, shape_only=True, trace=True, **kwargs)
     prof = nkisim.last_profile()
-    view = view_from_trace(prof.trace[(0, 0)])
+    # the trace is keyed (rank, program): program 0 of the rank this process runs (rank 0 outside a job)
+    view = view_from_trace(prof.trace[min(k for k in prof.trace if k[1] == 0)])
     prev = None
     for ln in view.lines:
         if ln.opcode in _COLLECTIVE_OPS and ln.layer is None and prev is not None and prev.layer is not None:

@@ -148,3 +148,14 @@ def test_gathered_logits_store_is_contiguous_and_lm_head_has_128_partitions(rank
     stores = [d for d in k.profile["dmas"] if d["dst_tensor"].startswith("out_") and "allgather" in d["dst_tensor"]]
     assert sum(d["bytes"] for d in stores) == 1000 * 4  # the whole [1, 1000] fp32 row, once
     assert sum(d["descriptors"] for d in stores) == want < 1000
+
+
+def test_any_rank_builds_and_is_costed():
+    """Rank 1 of the same deployment (its own vocabulary slice and shards): its kernel is profiled and costed like
+    rank 0's (the interpreter's trace is keyed by the rank it ran as)."""
+    with tp.fake_rank(CFG.tp, rank=1):
+        step, _ = tp.capture_rank(CFG)
+        kernels, refused = tp.build_rank_kernels(step, CFG.target)
+    assert not refused and kernels
+    assert all(k.estimate.seconds > 0 for k in kernels)
+    assert sum(k.estimate.total.cc_count for k in kernels) == 4  # embedding, o_proj, down_proj; lm_head gather

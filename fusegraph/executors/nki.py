@@ -411,8 +411,8 @@ def _discard_cached(plan: KernelPlan) -> None:
 
 
 def marshal_input(src: Any, dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor:
-    """A per-step input as the kernel reads it: flattened to the kernel shape, indices as int32, boolean
-    masks (True = attend) as additive fp32 masks."""
+    """A per-step input as the kernel reads it: flattened to the kernel shape, indices as int32 (saturated),
+    boolean masks (True = attend) as additive fp32 masks."""
     v = t.detach()
     if getattr(src, "pad", None) is not None and v.shape[-1] < src.pad[0]:
         size, value = src.pad
@@ -427,6 +427,10 @@ def marshal_input(src: Any, dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor
         v = mask_extent(v)
     if v.numel() == 1 and len(src.shape) == 1 and src.shape[0] > 1:
         v = v.reshape(1).expand(src.shape[0])
+    if dtype == torch.int32 and v.dtype == torch.int64:
+        # saturate, not wrap: an id past int32 stays out of every vocabulary range (a vocab-parallel lookup zeroes
+        # it, as DTensor's masking does) instead of wrapping into some rank's range
+        v = v.clamp(torch.iinfo(torch.int32).min, torch.iinfo(torch.int32).max)
     return v.reshape(src.shape).to(dtype).contiguous()
 
 

@@ -128,6 +128,15 @@ def test_batch_of_three_runs_in_one_kernel_equal_to_eager() -> None:
     assert outside == [], outside
 
 
+def test_an_id_past_int32_stays_out_of_range() -> None:
+    """int64 ids reach the kernel as int32: 2^32 + 700 must not wrap to 700 (this rank's row 200) but saturate, out of
+    every rank's range, so the kernel zeroes it as DTensor's masking does (else verification fails: eager path)."""
+    module = _MaskedLookup().eval()
+    got, want, cap, warned = _compiled(module, torch.tensor([[3], [2 ** 32 + 700], [999]]))
+    assert warned == [] and torch.equal(got, want)
+    assert cap.program.execution[0].regions[0].verification == "passed"
+
+
 def test_a_masked_row_filled_with_anything_but_zero_is_refused() -> None:
     """The matcher does not compare lifted constants' values: the lowering's check does. A lookup that fills the
     masked rows with 1.0 is not DTensor's: refused when regions form, the step runs eagerly and stays correct."""

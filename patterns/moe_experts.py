@@ -25,20 +25,21 @@ def _check(m):
     return True
 
 
+#: the experts' inputs (HF's fused ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I]) and example dims, shared
+#: with the expert-parallel form (``moe_experts_ep``)
+INPUTS = [Input("x", "T H"), Input("indices", "T K", dtype="int64"), Input("weights", "T K"),
+          Input("gate_up_proj", "E 2*I H", kind="weight"), Input("down_proj", "E H I", kind="weight")]
+DIMS = {"T": (2, 3), "K": (2, 3), "E": (4, 6), "H": (16, 32), "I": (8, 24)}
+
+
 @register_pattern(
     "fusegraph.moe_experts",
     template="moe_experts",
     block="moe",
     priority=30,
-    inputs=[
-        Input("x", "T H"),
-        Input("indices", "T K", dtype="int64"),
-        Input("weights", "T K"),
-        Input("gate_up_proj", "E 2*I H", kind="weight"),
-        Input("down_proj", "E H I", kind="weight"),
-    ],
+    inputs=INPUTS,
     slots={"act": ACTIVATIONS},
-    dims={"T": (2, 3), "K": (2, 3), "E": (4, 6), "H": (16, 32), "I": (8, 24)},
+    dims=DIMS,
     check=_check,
 )
 def moe_experts(x, indices, weights, gate_up_proj, down_proj, *, act):
@@ -118,13 +119,13 @@ moe_experts.implementation("grouped_mm_fallback", dtypes=["float32"],
 # weights, ``proj_out * weights`` is an fp32 product and the top-k sum is in fp32, rounded once at the end. Same
 # math, another dtype flow: the lowering reads the variant name (``batched_mm_fp32_weights``,
 # ``grouped_mm_fp32_weights``) and skips the per-term rounding.
-_FP32_WEIGHTS = [Input("x", "T H"), Input("indices", "T K", dtype="int64"), Input("weights", "T K", dtype="float32"),
-                 Input("gate_up_proj", "E 2*I H", kind="weight"), Input("down_proj", "E H I", kind="weight")]
-moe_experts.implementation("batched_mm_fp32_weights", dtypes=["bfloat16", "float16"], inputs=_FP32_WEIGHTS)(
+# (shared with the expert-parallel form)
+FP32_WEIGHTS = [*INPUTS[:2], Input("weights", "T K", dtype="float32"), *INPUTS[3:]]
+moe_experts.implementation("batched_mm_fp32_weights", dtypes=["bfloat16", "float16"], inputs=FP32_WEIGHTS)(
     moe_experts.fn)
-moe_experts.implementation("grouped_mm_fp32_weights", dtypes=["bfloat16"], inputs=_FP32_WEIGHTS,
+moe_experts.implementation("grouped_mm_fp32_weights", dtypes=["bfloat16"], inputs=FP32_WEIGHTS,
                            cases=[dict(c, gmm="aten") for c in _HISTC])(_grouped_mm)
 # the eager loop's rewrite rounds each term (``(down * routing).to(x.dtype)``) whatever the routing weights' dtype:
 # the lowering keeps the per-term rounding for it
-moe_experts.implementation("eager_rewrite_fp32_weights", dtypes=["bfloat16", "float16"], inputs=_FP32_WEIGHTS)(
+moe_experts.implementation("eager_rewrite_fp32_weights", dtypes=["bfloat16", "float16"], inputs=FP32_WEIGHTS)(
     _eager_rewrite)

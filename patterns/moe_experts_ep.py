@@ -19,9 +19,9 @@ because it has a param the other forms do not have.
 """
 import torch
 
-from fusegraph.matching import ACTIVATIONS, Input, register_pattern
+from fusegraph.matching import ACTIVATIONS, register_pattern
 
-from .moe_experts import _HISTC, _grouped
+from .moe_experts import _HISTC, DIMS, FP32_WEIGHTS, INPUTS, _grouped
 
 
 def _check(m):
@@ -57,16 +57,10 @@ def _route(indices, weights, num_local, ep_rank):
     template="moe_experts_ep",
     block="moe",
     priority=31,
-    inputs=[
-        Input("x", "T H"),
-        Input("indices", "T K", dtype="int64"),
-        Input("weights", "T K"),
-        Input("gate_up_proj", "E 2*I H", kind="weight"),
-        Input("down_proj", "E H I", kind="weight"),
-    ],
+    inputs=INPUTS,
     params={"ep_rank": 1},
     slots={"act": ACTIVATIONS},
-    dims={"T": (2, 3), "K": (2, 3), "E": (4, 6), "H": (16, 32), "I": (8, 24)},
+    dims=DIMS,
     check=_check,
 )
 def moe_experts_ep(x, indices, weights, gate_up_proj, down_proj, *, act, ep_rank):
@@ -93,9 +87,7 @@ def moe_experts_ep(x, indices, weights, gate_up_proj, down_proj, *, act, ep_rank
 
 # HF Mixtral's router keeps the routing weights in fp32 (see ``moe_experts``' ``*_fp32_weights`` variants): in a
 # bf16/fp16 model the rank's experts meet fp32 weights (masked in fp32), fp32 products summed in fp32, one rounding
-_FP32_WEIGHTS = [Input("x", "T H"), Input("indices", "T K", dtype="int64"), Input("weights", "T K", dtype="float32"),
-                 Input("gate_up_proj", "E 2*I H", kind="weight"), Input("down_proj", "E H I", kind="weight")]
-moe_experts_ep.implementation("fp32_weights", dtypes=["bfloat16", "float16"], inputs=_FP32_WEIGHTS)(moe_experts_ep.fn)
+moe_experts_ep.implementation("fp32_weights", dtypes=["bfloat16", "float16"], inputs=FP32_WEIGHTS)(moe_experts_ep.fn)
 
 
 def _ep_grouped_mm(x, indices, weights, gate_up_proj, down_proj, *, act, ep_rank, gmm, histc):
@@ -138,5 +130,5 @@ moe_experts_ep.implementation("grouped_mm", dtypes=["bfloat16"], cases=[dict(c, 
     _ep_grouped_mm)
 moe_experts_ep.implementation("grouped_mm_fallback", dtypes=["float32"],
                               cases=[dict(c, gmm="transformers") for c in _HISTC])(_ep_grouped_mm)
-moe_experts_ep.implementation("grouped_mm_fp32_weights", dtypes=["bfloat16"], inputs=_FP32_WEIGHTS,
+moe_experts_ep.implementation("grouped_mm_fp32_weights", dtypes=["bfloat16"], inputs=FP32_WEIGHTS,
                               cases=[dict(c, gmm="aten") for c in _HISTC])(_ep_grouped_mm)

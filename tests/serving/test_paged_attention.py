@@ -11,7 +11,7 @@ import torch
 from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
 from fusegraph.codegen.errors import CodegenError
-from fusegraph.codegen.ops.paged_attention import PagedAttention, PagedKVWrite, block_segments
+from fusegraph.codegen.ops.paged_attention import PagedAttention, PagedKVWrite, block_segments, mask_extent
 from fusegraph.codegen.testing import Builder, V
 from fusegraph.nkiapi.conformance import check_source
 
@@ -22,9 +22,9 @@ from test_stream_models import SLOW, eager_ops  # noqa: E402
 NEG = torch.finfo(torch.float32).min
 
 
-def _program(dtype, lens, BS, MB, NB, Hq=4, Hkv=2, D=64, block=0, seed=3):
+def _program(dtype, lens, BS, MB, NB, Hq=4, Hkv=2, D=64, block=0, seed=3, extent=False):
     """Each sequence writes its new row at position lens[b] (slot from its table), then attends over lens[b] + 1
-    positions of its blocks."""
+    positions of its blocks (``extent``: bounded by each sequence's last unmasked position, test_paged_extent)."""
     g = torch.Generator().manual_seed(seed)
     B = len(lens)
     b = Builder(B)
@@ -41,10 +41,13 @@ def _program(dtype, lens, BS, MB, NB, Hq=4, Hkv=2, D=64, block=0, seed=3):
     mask = torch.zeros(B, MB * BS)
     for i, p in enumerate(lens):
         mask[i, p + 1:] = NEG
+    mask = mask.to(dtype)
+    ext = b.hbm("extent", mask_extent(mask), V.INPUT) if extent else None
     o = b.new("o", Hq * D, dtype)
     b.ins.append(PagedAttention(q=b.act("q", (2 * torch.randn(B, Hq * D, generator=g)).to(dtype)), k_cache=kc,
-                                v_cache=vc, mask=b.hbm("mask", mask.to(dtype), V.INPUT), out=o, scale=D ** -0.5,
-                                groups=Hq // Hkv, table=b.hbm("table", table, V.INPUT), block=block, layer=0))
+                                v_cache=vc, mask=b.hbm("mask", mask, V.INPUT), out=o, scale=D ** -0.5,
+                                groups=Hq // Hkv, table=b.hbm("table", table, V.INPUT), extent=ext, block=block,
+                                layer=0))
     b.store(o)
     return b, table, slots
 

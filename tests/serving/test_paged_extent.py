@@ -13,14 +13,15 @@ from fusegraph import nkisim
 from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
 from fusegraph.codegen.megakernel import generate
-from fusegraph.codegen.ops.paged_attention import PagedAttention, PagedKVWrite, mask_extent
+from fusegraph.codegen.ops.paged_attention import PagedAttention, mask_extent
 from fusegraph.codegen.runtime import abstract_args
-from fusegraph.codegen.testing import Builder, V
+from fusegraph.codegen.testing import V
 from fusegraph.nkiapi.conformance import check_source
 
 sys.path.insert(0, os.path.dirname(__file__))
 from paged_step import PagedDecoder, PagedServer  # noqa: E402
 from test_paged_attention import _formula  # noqa: E402
+from test_paged_attention import _program as paged_program  # noqa: E402
 from test_stream_models import eager_ops  # noqa: E402
 
 NEG = torch.finfo(torch.float32).min
@@ -28,30 +29,9 @@ GUARD = "read only when the sequence's last unmasked position reaches it"
 
 
 def _program(dtype, lens, BS, MB, NB, Hq=4, Hkv=2, D=64, block=0, bounded=True, seed=5):
-    """Each sequence writes its row at position lens[b], then attends over lens[b] + 1 positions of its table."""
-    g = torch.Generator().manual_seed(seed)
-    B = len(lens)
-    b = Builder(B)
-    table = torch.randperm(NB, generator=g)[:B * MB].reshape(B, MB).to(torch.int32)
-    pos = torch.tensor(lens)
-    slots = (table.long().gather(1, (pos // BS)[:, None])[:, 0] * BS + pos % BS).to(torch.int32)
-    kc = b.hbm("k_pool", torch.randn(NB, BS, Hkv, D, generator=g).to(dtype), V.STATE)
-    vc = b.hbm("v_pool", torch.randn(NB, BS, Hkv, D, generator=g).to(dtype), V.STATE)
-    sl = b.hbm("slots", slots, V.INPUT)
-    for pool, name in ((kc, "k"), (vc, "v")):
-        b.ins.append(PagedKVWrite(cache=pool, value=b.act(name, torch.randn(B, Hkv * D, generator=g).to(dtype)),
-                                  slots=sl, layer=0))
-    mask = torch.zeros(B, MB * BS)
-    for i, p in enumerate(lens):
-        mask[i, p + 1:] = NEG
-    mask = mask.to(dtype)
-    ext = b.hbm("extent", mask_extent(mask), V.INPUT) if bounded else None
-    o = b.new("o", Hq * D, dtype)
-    b.ins.append(PagedAttention(q=b.act("q", (2 * torch.randn(B, Hq * D, generator=g)).to(dtype)), k_cache=kc,
-                                v_cache=vc, mask=b.hbm("mask", mask, V.INPUT), out=o, scale=D ** -0.5,
-                                groups=Hq // Hkv, table=b.hbm("table", table, V.INPUT), extent=ext, block=block,
-                                layer=0))
-    b.store(o)
+    """Each sequence writes its row at position lens[b], then attends over lens[b] + 1 positions of its table
+    (``bounded``: with its extent input)."""
+    b, table, _ = paged_program(dtype, lens, BS, MB, NB, Hq=Hq, Hkv=Hkv, D=D, block=block, seed=seed, extent=bounded)
     return b, table
 
 

@@ -18,6 +18,18 @@ from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
 
 SLOW = pytest.mark.slow
+
+
+def bench_serving():
+    """``benchmarks/bench_serving.py`` as a module (the full-size tests measure rows the way the benchmark does)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_serving", os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_serving.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
 MOE = dict(moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1)
 #: the decoder's compute: none of these may run on the eager path (what may: the mask, position and rotary-table
 #: arithmetic before the kernel, which the kernel reads as per-step inputs by design, and argmax after it)
@@ -166,14 +178,7 @@ def test_full_size_131k_builds_and_profiles_within_sbuf(model):
     131,072 positions build (before streaming, 32k already failed with a BudgetError) and run shape-only with the
     cache position at the end of the cache (every block read): SBUF peak within the target's budget, HBM bytes
     within 2% of the minimum. The sweep is ``benchmarks/bench_serving.py``."""
-    import importlib.util
-    import os
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_serving", os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_serving.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    row = bench.measure(model, "trn3", 131072, 1, 2)
+    row = bench_serving().measure(model, "trn3", 131072, 1, 2)
     assert row["status"] == "run", row
     assert row["streamed_attention"]
     assert row["sbuf_peak_kib"] <= 240 and row["sbuf_kib"] <= 256

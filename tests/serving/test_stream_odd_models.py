@@ -9,7 +9,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_stream_models import SLOW, padded_batch, run_and_check  # noqa: E402
+from test_stream_models import SLOW, bench_serving, padded_batch, run_and_check  # noqa: E402
 
 ODD = "are read again by the next block: masked here"
 
@@ -74,13 +74,7 @@ def test_odd_cache_length_under_lnc2(family, L, kv_heads, block_split):
 def test_full_size_odd_length_builds_within_sbuf(model):
     """Full-size configs (meta device, 2 layers, trn3) at 5,000 positions: built, run shape-only with every
     sequence at the end of its cache, the attention streamed, SBUF within budget, HBM bytes near the minimum."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_serving", os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_serving.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    row = bench.measure(model, "trn3", 5000, 1, 2)
+    row = bench_serving().measure(model, "trn3", 5000, 1, 2)
     assert row["status"] == "run", row
     assert row["streamed_attention"]
     assert row["sbuf_peak_kib"] <= 240 and row["sbuf_kib"] <= 256

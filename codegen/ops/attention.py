@@ -59,6 +59,10 @@ STREAM_SCRATCH_MAX = 64 * 1024
 #: model puts it 0.3-0.7% slower for Qwen3-30B-A3B (1.6% faster for Llama-3-8B at 131,072), and nki-library's own
 #: notes report a regression from replacing nc_transpose by dma_transpose in a DMA-bound kernel
 KT_BY_DMA = False
+#: the block loop software-pipelined (iteration k computes block k's scores while block k - 1's softmax and P.V run:
+#: the Tensor, Vector and Scalar engines work on two blocks at once instead of passing one block down a chain);
+#: caches that are a multiple of the block (no short first block under a head split), not paged
+PIPELINE = True
 KV_INDEX = "kv_index"  # the SBUF tile of this step's cache positions (loaded once per step, shared with KV writes)
 
 
@@ -248,10 +252,11 @@ class Attention(ir.Instruction):
         nbr = Lr // PMAX
         names = {k: f"{v}_{k}" for k in ("kn", "vn", "mk", "kT", "kps", "s", "sps", "nm", "l", "acc", "bm", "alpha",
                                            "p", "lb", "pTz", "pTps", "ops", "st", "sto", "rl", "o", "oTps", "npos",
-                                           "qz", "kh", "kio", "kidx")}
+                                           "qz", "kh", "kio", "kidx", "bmc", "vprev")}
         kv_rows = self.k_cache.shape[0] * Hkv * L
         kt_dma = kt_by_dma(Lb, Lr if r and not pos_split else 0, D, S, kvb, kv_rows, paged=bool(paged.get("paged")),
                            pos_split=pos_split)
+        pipe = PIPELINE and more and not paged.get("paged") and not (r and not pos_split)
         e.code("attention_stream.j2", module=self.module or "", aten=aten(self), name=inst_name(self), D=D, P=P,
                split=S, Hq=Hq, Hkv=Hkv, G=G, L=L, Lb=Lb, nb=nb, T=T, out=v, dtype=nl_dtype(self.out.dtype),
                kv_dtype=nl_dtype(self.k_cache.dtype), mask_hbm=ctx.var(self.mask),
@@ -273,7 +278,7 @@ class Attention(ir.Instruction):
                chunks_r=[(c, n) for c, n, _ in tiles(Lr, MOVING_MAX)],
                kgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, kgroup)))],
                pgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, pgroup)))],
-               mask_min=repr(float(torch.finfo(self.mask.dtype).min)), kt_dma=kt_dma, kv_rows=kv_rows,
+               mask_min=repr(float(torch.finfo(self.mask.dtype).min)), kt_dma=kt_dma, kv_rows=kv_rows, pipe=pipe,
                **{"paged": False, "segments": [], "table": "", "MB": 0, **paged}, **names)
         return e
 

@@ -34,6 +34,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from .hwloops import unroll_hardware_loops
 from .kernelview import KernelLine, KernelView
 from .params import HardwareParams
 
@@ -639,13 +640,22 @@ class Estimate:
         return sum(b.wall for k, b in self.layers.items() if isinstance(k, int))
 
     def top_lines(self, n: int = 20) -> list[dict[str, Any]]:
+        """The costliest kernel lines (a hardware loop's iterations summed back into their line)."""
         s = self.schedule
-        rows = []
+        by_line: dict[int, dict[str, Any]] = {}
         for i, w in enumerate(s.works):
-            rows.append({"line": w.line, "name": w.name, "region": w.region, "layer": w.layer, "engine": w.engine,
-                         "kind": w.kind, "opcode": w.opcode, "count": w.count, "cost_s": w.cost, "busy_s": w.busy,
-                         "dma_s": w.occupancy, "exposed_s": s.exposure[i], "bytes": w.nbytes,
-                         "bytes_per_partition": w.bytes_per_partition, "efficiency": w.efficiency})
+            r = by_line.get(w.index)
+            if r is not None:
+                for k, v in (("count", w.count), ("cost_s", w.cost), ("busy_s", w.busy), ("dma_s", w.occupancy),
+                             ("exposed_s", s.exposure[i]), ("bytes", w.nbytes)):
+                    r[k] += v
+                continue
+            by_line[w.index] = {"line": w.line, "name": w.name, "region": w.region, "layer": w.layer,
+                                "engine": w.engine, "kind": w.kind, "opcode": w.opcode, "count": w.count,
+                                "cost_s": w.cost, "busy_s": w.busy, "dma_s": w.occupancy, "exposed_s": s.exposure[i],
+                                "bytes": w.nbytes, "bytes_per_partition": w.bytes_per_partition,
+                                "efficiency": w.efficiency}
+        rows = list(by_line.values())
         rows.sort(key=lambda r: -(r["cost_s"] + r["exposed_s"]))
         return rows[:n]
 
@@ -653,12 +663,14 @@ class Estimate:
         """Lines grouped across layers and chunks (``L*.q_proj.linear.w#``): where the step's time goes by kind."""
         s = self.schedule
         groups: dict[tuple[str, str], dict[str, Any]] = {}
+        seen: set[int] = set()
         for i, w in enumerate(s.works):
             key = (template_name(w.name) or w.region, w.opcode)
             g = groups.setdefault(key, {"name": key[0], "opcode": w.opcode, "engine": w.engine, "kind": w.kind,
                                         "lines": 0, "count": 0, "cost_s": 0.0, "exposed_s": 0.0, "bytes": 0,
                                         "region": _TEMPLATE.sub("L*.", w.region), "example_line": w.line})
-            g["lines"] += 1
+            g["lines"] += w.index not in seen  # a hardware loop's iterations are one line
+            seen.add(w.index)
             g["count"] += w.count
             g["cost_s"] += w.cost
             g["exposed_s"] += s.exposure[i]
@@ -709,5 +721,8 @@ def estimate(works: Sequence[Work], hw: HardwareParams, *, label: str = "", **kw
 
 
 def estimate_kernel(view: KernelView, hw: HardwareParams, label: str = "megakernel") -> Estimate:
-    """The megakernel: one instruction stream, engines overlapping across regions and layers."""
-    return estimate(kernel_works(hw, view), hw, label=label, buffers=view.buffers, allocs=view.allocs)
+    """The megakernel: one instruction stream, engines overlapping across regions and layers; hardware loops
+    scheduled iteration by iteration (:func:`~fusegraph.perf.hwloops.unroll_hardware_loops`)."""
+    works, buffers, allocs = unroll_hardware_loops(kernel_works(hw, view), view.buffers, view.allocs,
+                                                   getattr(view, "hw_loops", ()))
+    return estimate(works, hw, label=label, buffers=buffers, allocs=allocs)

@@ -242,6 +242,9 @@ class KernelView:
     #: file -> instructions the profile counted in *other* files (helpers the kernel calls); not in ``lines`` --
     #: see :func:`file_lines` / :func:`view_from_trace` for kernels that span several files
     other_files: dict[str, int] = field(default_factory=dict)
+    #: line numbers of the ``for`` headers that are hardware loops (``nl.dynamic_range``): the cost model schedules
+    #: their iterations (:mod:`fusegraph.perf.hwloops`), not their lines
+    hw_loops: frozenset[int] = frozenset()
 
     def regions(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -317,7 +320,17 @@ def build_view(source: str, profile: Any, filename: str | None = None, kernel: s
             "kernelview.file_lines or view_from_trace (run with trace=True) for a kernel split across files",
             sum(other.values()), len(other), ", ".join(sorted(other)[:3]), filename,
         )
-    return KernelView(executed, buffers, dict(new_allocs), filename, unmatched, dict(other))
+    return KernelView(executed, buffers, dict(new_allocs), filename, unmatched, dict(other),
+                      hardware_loops(source, kernel))
+
+
+def hardware_loops(source: str, kernel: str | None = None) -> frozenset[int]:
+    """Line numbers of the kernel's ``for`` statements over ``nl.dynamic_range`` (loops the hardware runs, with
+    a runtime trip count, instead of loops the trace unrolls)."""
+    fn = _kernel_function(ast.parse(source), kernel)
+    return frozenset(st.lineno for st in ast.walk(fn)
+                     if isinstance(st, ast.For) and ast.unparse(st.iter.func if isinstance(st.iter, ast.Call)
+                                                                else st.iter).endswith("dynamic_range"))
 
 
 # ---- kernels split across several files --------------------------------------------------------------------------

@@ -23,7 +23,9 @@ Two templates, chosen by the cache length (:func:`stream_plan`):
   an odd number of kv heads the *blocks* are split instead (each core reads every other block) and the two
   running states are combined with one ``sendrecv``. Any cache length streams: when ``Lb`` does not divide it, the
   first ``L % Lb`` positions are one more, shorter block (:func:`block_starts`; read as a multiple of 128 with
-  the overlap masked), first under a head split, after the combine under a block split. Rounding: scores exactly as below; the probabilities are
+  the overlap masked), first under a head split, after the combine under a block split. The block loop is
+  software-pipelined (:data:`PIPELINE`): iteration k computes block k's scores while block k - 1's softmax and
+  P.V run, so the in-order Tensor, Vector and Scalar engines work on two blocks at once. Rounding: scores exactly as below; the probabilities are
   rounded before normalization (``exp(s - running max)`` in the query dtype, the sum and the rescaling in fp32,
   one division at the end), see docs/serving.md for the tolerance.
 

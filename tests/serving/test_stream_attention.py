@@ -187,3 +187,23 @@ def test_streamed_heads_beyond_128_rows_run_in_groups():
     gen, res, ref, _ = b.run()
     assert "4 kv heads per score tile: [128, 128]" in gen.source and "for g in range(2):" in gen.source
     _check(b, gen, res, ref, Hq, Hkv, D, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lnc,Hkv", [(1, 2), (2, 3)])
+def test_pipelined_block_loop_is_bit_identical_to_one_block_at_a_time(dtype, lnc, Hkv, monkeypatch):
+    """The software-pipelined loop (block k's scores beside block k - 1's softmax and P.V, the running state from
+    -max = FLT_MAX) computes exactly what the one-block-at-a-time loop does: same outputs bit for bit, for ragged
+    positions (one block, a block boundary, the last position) under a head split and under LNC=2's block split."""
+    import fusegraph.codegen.ops.attention as attention
+
+    L, D = 1024, 64
+    Hq = 2 * Hkv
+    b = _program(dtype, [5, 511, 512, L - 1], L, Hq, Hkv, D, block=128)
+    gen, res, ref, _ = b.run(lnc=lnc)
+    assert "software-pipelined blocks" in gen.source and "register_store(" in gen.source
+    _check(b, gen, res, ref, Hq, Hkv, D, dtype)
+    monkeypatch.setattr(attention, "PIPELINE", False)
+    gen0, res0, _, _ = b.run(lnc=lnc)
+    assert "software-pipelined blocks" not in gen0.source
+    assert torch.equal(res["out_o"], res0["out_o"])

@@ -68,6 +68,14 @@ def _grouped(gmm):
 
 
 def _grouped_mm(x, indices, weights, gate_up_proj, down_proj, *, act, gmm, histc):
+    return grouped_experts(x, indices, weights, gate_up_proj, down_proj, act=act, gmm=gmm, histc=histc)
+
+
+def grouped_experts(x, indices, weights, gate_up_proj, down_proj, *, act, gmm, histc, sentinels=False):
+    """transformers' grouped_mm experts op by op (sort the choices by expert, histc offsets, two grouped matmuls,
+    weight, unsort, sum over top-k). ``sentinels``: the expert-parallel variant, where ids past the rank's experts
+    (other ranks' choices) sort to the tail, are clamped into range and their rows zeroed before and after each
+    grouped matmul -- the same ops with those in between, so one function traces both."""
     mm = _grouped(gmm)
     num_top_k = indices.size(-1)
     num_tokens = x.size(0)
@@ -81,10 +89,18 @@ def _grouped_mm(x, indices, weights, gate_up_proj, down_proj, *, act, gmm, histc
     num_experts = gate_up_proj.shape[0]
     tokens_per_expert = torch.histc(histc_input, bins=num_experts, min=0, max=num_experts - 1)
     offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
+    if sentinels:
+        sentinel_mask = (expert_ids_g >= num_experts).unsqueeze(-1)
+        expert_ids_g.clamp_(max=num_experts - 1)
+        selected.masked_fill_(sentinel_mask, 0.0)
     proj_out = mm(selected.to(gate_up_proj.dtype), gate_up_proj.transpose(-2, -1), offsets)
+    if sentinels:
+        proj_out = proj_out.masked_fill(sentinel_mask, 0.0)
     gate, up = proj_out.chunk(2, dim=-1)
     proj_out = act(gate) * up
     proj_out = mm(proj_out.to(down_proj.dtype), down_proj.transpose(-2, -1), offsets)
+    if sentinels:
+        proj_out = proj_out.masked_fill(sentinel_mask, 0.0)
     weighted_out = proj_out * sample_weights_g.unsqueeze(-1)
     inv_perm = torch.empty_like(perm)
     inv_perm[perm] = torch.arange(perm.size(0), device=perm.device)

@@ -21,7 +21,7 @@ import torch
 
 from fusegraph.matching import ACTIVATIONS, register_pattern
 
-from .moe_experts import _HISTC, DIMS, FP32_WEIGHTS, INPUTS, _grouped
+from .moe_experts import _HISTC, DIMS, FP32_WEIGHTS, INPUTS, grouped_experts
 
 
 def _check(m):
@@ -94,35 +94,9 @@ def _ep_grouped_mm(x, indices, weights, gate_up_proj, down_proj, *, act, ep_rank
     """HF ``AllReduceEP`` + ``grouped_mm`` experts with ``_is_expert_parallel`` (HF's default experts
     implementation): sentinels sort to the tail, ``histc(max=E-1)`` drops them from the offsets, their rows are
     zeroed before and after each grouped matmul."""
-    mm = _grouped(gmm)
-    num_local = gate_up_proj.shape[0]
-    local_index, weights = _route(indices, weights, num_local, ep_rank)
-    num_top_k = local_index.size(-1)
-    num_tokens = x.size(0)
-    hidden_dim = x.size(-1)
-    sample_weights = weights.reshape(-1)
-    expert_ids = local_index.reshape(-1)
-    expert_ids_g, perm = torch.sort(expert_ids)
-    selected = x[perm // num_top_k]
-    sample_weights_g = sample_weights[perm]
-    histc_input = expert_ids_g.float() if histc == "float" else expert_ids_g.int()
-    tokens_per_expert = torch.histc(histc_input, bins=num_local, min=0, max=num_local - 1)
-    offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
-    sentinel_mask = (expert_ids_g >= num_local).unsqueeze(-1)
-    expert_ids_g.clamp_(max=num_local - 1)
-    selected.masked_fill_(sentinel_mask, 0.0)
-    proj_out = mm(selected.to(gate_up_proj.dtype), gate_up_proj.transpose(-2, -1), offsets)
-    proj_out = proj_out.masked_fill(sentinel_mask, 0.0)
-    gate, up = proj_out.chunk(2, dim=-1)
-    proj_out = act(gate) * up
-    proj_out = mm(proj_out.to(down_proj.dtype), down_proj.transpose(-2, -1), offsets)
-    proj_out = proj_out.masked_fill(sentinel_mask, 0.0)
-    weighted_out = proj_out * sample_weights_g.unsqueeze(-1)
-    inv_perm = torch.empty_like(perm)
-    inv_perm[perm] = torch.arange(perm.size(0), device=perm.device)
-    weighted_out = weighted_out[inv_perm]
-    final = weighted_out.view(num_tokens, num_top_k, hidden_dim).sum(dim=1)
-    return final.to(x.dtype)
+    local_index, weights = _route(indices, weights, gate_up_proj.shape[0], ep_rank)
+    return grouped_experts(x, local_index, weights, gate_up_proj, down_proj, act=act, gmm=gmm, histc=histc,
+                           sentinels=True)
 
 
 # as ``moe_experts``: bf16 traces aten._grouped_mm, fp32 transformers' opaque fallback op; histc on float ids on CPU

@@ -248,7 +248,10 @@ class Attention(ir.Instruction):
         HC = head_group(per_core or Hkv, G)
         R = HC * G
         scratch = _stream_scratch(Lb, D, G, S, kvb, qb, nbytes(self.mask.dtype), qb if exact else 4, pos_split, HC)
-        e = Emitted(sbuf=scratch + Hq * S * T * qb, psum_banks=5)
+        pipe = PIPELINE and more and not paged.get("paged") and not (r and not pos_split)
+        chunks = tiles(Lb, MOVING_MAX)
+        # pipelined: the block's score chunks are all live in PSUM at once (evicted after the previous block's softmax)
+        e = Emitted(sbuf=scratch + Hq * S * T * qb, psum_banks=5 + (len(chunks) - 1 if pipe else 0))
         kgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (PMAX * kvb)))  # K^T tiles per 2 KiB PSUM tile
         pgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (R * qb)))  # P^T tiles per PSUM tile
         nbr = Lr // PMAX
@@ -258,12 +261,11 @@ class Attention(ir.Instruction):
         kv_rows = self.k_cache.shape[0] * Hkv * L
         kt_dma = kt_by_dma(Lb, Lr if r and not pos_split else 0, D, S, kvb, kv_rows, paged=bool(paged.get("paged")),
                            pos_split=pos_split)
-        pipe = PIPELINE and more and not paged.get("paged") and not (r and not pos_split)
         e.code("attention_stream.j2", module=self.module or "", aten=aten(self), name=inst_name(self), D=D, P=P,
                split=S, Hq=Hq, Hkv=Hkv, G=G, L=L, Lb=Lb, nb=nb, T=T, out=v, dtype=nl_dtype(self.out.dtype),
                kv_dtype=nl_dtype(self.k_cache.dtype), mask_hbm=ctx.var(self.mask),
                mask_dtype=nl_dtype(self.mask.dtype), q=ctx.var(self.q), k_cache=ctx.var(self.k_cache),
-               v_cache=ctx.var(self.v_cache), chunks=[(c, n) for c, n, _ in tiles(Lb, MOVING_MAX)],
+               v_cache=ctx.var(self.v_cache), chunks=[(c, n) for c, n, _ in chunks],
                kgroups=[(c, n) for c, n, _ in tiles(nb, kgroup)], pgroups=[(c, n) for c, n, _ in tiles(nb, pgroup)],
                kgroup=kgroup, scale=repr(float(self.scale)), exact_rounding=exact,
                score_dtype=nl_dtype(self.q.dtype if exact else torch.float32),

@@ -724,5 +724,5 @@ def estimate_kernel(view: KernelView, hw: HardwareParams, label: str = "megakern
     """The megakernel: one instruction stream, engines overlapping across regions and layers; hardware loops
     scheduled iteration by iteration (:func:`~fusegraph.perf.hwloops.unroll_hardware_loops`)."""
     works, buffers, allocs = unroll_hardware_loops(kernel_works(hw, view), view.buffers, view.allocs,
-                                                   getattr(view, "hw_loops", ()))
+                                                   view.hw_loops)
     return estimate(works, hw, label=label, buffers=buffers, allocs=allocs)

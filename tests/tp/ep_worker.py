@@ -13,7 +13,6 @@ import datetime
 import json
 import os
 import sys
-import warnings
 from collections import Counter
 from pathlib import Path
 from functools import partial
@@ -24,7 +23,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tp_worker import (  # noqa: E402  (TP worker helpers)
-    _kernel_collectives, _program_facts, _reference_vm, _stats, decode_step, load_model, prefilled)
+    _program_facts, _reference_vm, _stats, decode_step, greedy_steps, load_model, prefilled)
 
 
 def _moe_matches(program: Any) -> list[dict]:
@@ -76,25 +75,14 @@ def _ep(spec: dict, rank: int) -> dict:
         return res
     options = {"executor": spec["executor"], "cache_dir": "off", **spec.get("options", {})}
     compiled = torch.compile(step(cache_c), backend="fusegraph", options=options)
-    tc, te = tok, tok
-    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
-        warnings.simplefilter("always")
-        for i in range(spec.get("steps", 3)):
-            a, b = compiled(tc, pos), eager(te, pos)
-            res["launches"].append([getattr(st, "launches_per_call", None)
-                                    for st in fusegraph.last_capture().program.execution.values()])
-            if i == 0:
-                res["kernel_collectives"] = _kernel_collectives() if spec["executor"] == "nkisim" else []
-                if spec["executor"] == "nkisim":
-                    from fusegraph import nkisim
 
-                    res["hbm_read_bytes"] = nkisim.last_profile().hbm_read_bytes  # the step's one launch
-            res["logits_compiled"].append(a[:, -1].float().reshape(-1).tolist())
-            res["logits_eager"].append(b[:, -1].float().reshape(-1).tolist())
-            tc, te, pos = a[:, -1].argmax(-1, keepdim=True), b[:, -1].argmax(-1, keepdim=True), pos + 1
-            res["tokens_compiled"].append(tc.reshape(-1).tolist())
-            res["tokens_eager"].append(te.reshape(-1).tolist())
-    res["warnings"] = [str(w.message) for w in caught if issubclass(w.category, fusegraph.FusegraphWarning)]
+    def first_step() -> None:
+        if spec["executor"] == "nkisim":
+            from fusegraph import nkisim
+
+            res["hbm_read_bytes"] = nkisim.last_profile().hbm_read_bytes  # the step's one launch
+
+    greedy_steps(compiled, eager, tok, spec, res, first_step)
     res["kv_max_diff"] = max(max((lc.keys - le.keys).abs().max().item(), (lc.values - le.values).abs().max().item())
                              for lc, le in zip(cache_c.layers, cache_e.layers))
     cap = fusegraph.last_capture()

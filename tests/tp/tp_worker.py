@@ -231,6 +231,37 @@ def decode_step(model: Any, cache: Any) -> Any:
     return lambda t, p: model(input_ids=t, cache=cache, position_ids=p, use_cache=True).logits
 
 
+def greedy_steps(compiled: Any, eager: Any, tok: torch.Tensor, spec: dict, res: dict,
+                 first_step: Any = None) -> None:
+    """``spec["steps"]`` greedy decode steps of the compiled and the eager step side by side from position 8: per
+    step the kernel launches of each graph, whether both return plain tensors, both logits and tokens; the
+    FusegraphWarnings seen (``res["warnings"]``); ``first_step()`` after the first step (what the step's kernels
+    recorded)."""
+    import fusegraph
+
+    for k in ("tokens_compiled", "tokens_eager", "logits_compiled", "logits_eager", "same_type", "launches"):
+        res[k] = []
+    tc, te = tok, tok
+    pos = torch.full((tok.shape[0], 1), 8)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for i in range(spec.get("steps", 3)):
+            a, b = compiled(tc, pos), eager(te, pos)
+            res["launches"].append([getattr(st, "launches_per_call", None)
+                                    for st in fusegraph.last_capture().program.execution.values()])
+            if i == 0:
+                res["kernel_collectives"] = _kernel_collectives() if spec.get("executor") == "nkisim" else []
+                if first_step is not None:
+                    first_step()
+            res["same_type"].append(type(a) is type(b) is torch.Tensor)
+            res["logits_compiled"].append(a[:, -1].float().reshape(-1).tolist())
+            res["logits_eager"].append(b[:, -1].float().reshape(-1).tolist())
+            tc, te, pos = a[:, -1].argmax(-1, keepdim=True), b[:, -1].argmax(-1, keepdim=True), pos + 1
+            res["tokens_compiled"].append(tc.reshape(-1).tolist())
+            res["tokens_eager"].append(te.reshape(-1).tolist())
+    res["warnings"] = [str(w.message) for w in caught if issubclass(w.category, fusegraph.FusegraphWarning)]
+
+
 def _hf(spec: dict, rank: int) -> dict:
     from transformers.distributed import DistributedConfig
 
@@ -246,26 +277,9 @@ def _hf(spec: dict, rank: int) -> dict:
     compiled = torch.compile(step(cache_c), backend="fusegraph", options=options)
     corrupt = _CorruptKernel(rank, spec)
     eager = step(cache_e)
-    res: dict[str, Any] = {"tokens_compiled": [], "tokens_eager": [], "logits_compiled": [], "logits_eager": [],
-                           "same_type": [], "prefill_token": tok.reshape(-1).tolist()}
-    tc, te = tok, tok
-    pos = torch.full((tok.shape[0], 1), 8)
-    res["launches"] = []  # per step: kernel launches of each graph (the execution record)
-    with warnings.catch_warnings(record=True) as caught, torch.no_grad(), corrupt:
-        warnings.simplefilter("always")
-        for _ in range(spec.get("steps", 3)):
-            a, b = compiled(tc, pos), eager(te, pos)
-            res["launches"].append([getattr(st, "launches_per_call", None)
-                                    for st in fusegraph.last_capture().program.execution.values()])
-            if _ == 0:
-                res["kernel_collectives"] = _kernel_collectives() if spec.get("executor") == "nkisim" else []
-            res["same_type"].append(type(a) is type(b) is torch.Tensor)
-            res["logits_compiled"].append(a[:, -1].float().reshape(-1).tolist())
-            res["logits_eager"].append(b[:, -1].float().reshape(-1).tolist())
-            tc, te, pos = a[:, -1].argmax(-1, keepdim=True), b[:, -1].argmax(-1, keepdim=True), pos + 1
-            res["tokens_compiled"].append(tc.reshape(-1).tolist())
-            res["tokens_eager"].append(te.reshape(-1).tolist())
-    res["warnings"] = [str(w.message) for w in caught if issubclass(w.category, fusegraph.FusegraphWarning)]
+    res: dict[str, Any] = {"prefill_token": tok.reshape(-1).tolist()}
+    with corrupt:
+        greedy_steps(compiled, eager, tok, spec, res)
     res["kv_equal"] = all(torch.equal(lc.keys, le.keys) and torch.equal(lc.values, le.values)
                           for lc, le in zip(cache_c.layers, cache_e.layers))
     res["kv_max_diff"] = max(max((lc.keys - le.keys).abs().max().item(), (lc.values - le.values).abs().max().item())

@@ -19,6 +19,9 @@ count. A configuration the pipeline refuses is a row ``not run: <reason>``.
 ``--tp``: the same rows on the tensor-parallel configuration, one rank each (``fusegraph.modelperf.tp``: HF
 ``tp_plan="auto"`` on the meta device, rank 0 of torch's fake process group, the executor's kernels with their
 collectives, profiled shape-only at ``kv_index = L - 1``); the same ``--layers`` build and extrapolation.
+
+``--attention PIPELINE=0`` / ``KT_BY_DMA=1``: the same rows with the streamed attention's block loop one block at a
+time / K^T by DMA transpose (the JSON records the switches), for the A/B figures of docs/serving.md.
 """
 from __future__ import annotations
 
@@ -118,7 +121,22 @@ TP_COLUMNS = [("model", "model"), ("target", "target"), ("tp", "TP"), ("lnc", "L
               ("full_model_min_ms_rank", "full min ms/step (rank)")]
 
 
-def run_tp(specs: str, lens: list[int], batches: list[int], layers: int, out: str) -> int:
+def set_attention_flags(spec: str) -> dict[str, bool]:
+    """``PIPELINE=0,KT_BY_DMA=1`` -> the template switches set for this run (only those two exist: an A/B of the
+    pipelined block loop and of K^T by DMA transpose against the defaults); returns every switch's value."""
+    from fusegraph.codegen.ops import attention
+
+    known = ("PIPELINE", "KT_BY_DMA")
+    for item in filter(None, spec.split(",")):
+        name, _, value = item.partition("=")
+        if name not in known or value not in ("0", "1"):
+            raise SystemExit(f"--attention: {item!r} is not one of {', '.join(k + '=0|1' for k in known)}")
+        setattr(attention, name, value == "1")
+    return {k: bool(getattr(attention, k)) for k in known}
+
+
+def run_tp(specs: str, lens: list[int], batches: list[int], layers: int, out: str,
+           flags: dict[str, bool] | None = None) -> int:
     """``--tp``: one rank of each TP row at every cache length and batch (``fusegraph.modelperf.tp``), written
     to ``out`` after every row (a long run keeps what it measured)."""
     from fusegraph.modelperf import tp
@@ -144,6 +162,7 @@ def run_tp(specs: str, lens: list[int], batches: list[int], layers: int, out: st
                          default=str), flush=True)
         rows.append(r)
         write_json(out, {"mode": "tp", "layers_built": layers, "assumed_position": "L - 1", "rows": rows,
+                         "attention": flags,
                          "method": "one rank per row (fusegraph.modelperf.tp); full model = the built step's time "
                                    "outside the layers + per-layer time x the model's layers (modeled)"})
     print_table([r for r in rows if r.get("status") == "run"], TP_COLUMNS)
@@ -163,11 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="default: bench-results/serving.json (serving_tp.json with --tp)")
     ap.add_argument("--tp", action="store_true", help="the rows on the tensor-parallel configuration, one rank each")
     ap.add_argument("--tp-rows", default="qwen3-30b-a3b:trn3:4:2", help="model:target:tp:lnc,... (with --tp)")
+    ap.add_argument("--attention", default="", metavar="FLAG=0|1,...",
+                    help="A/B switches of the streamed attention template (codegen.ops.attention): PIPELINE, KT_BY_DMA")
     args = ap.parse_args(argv)
+    flags = set_attention_flags(args.attention)
     if args.tp:
         return run_tp(args.tp_rows, [int(x) for x in args.cache_lens.split(",")],
                       [int(x) for x in args.batches.split(",")], args.layers,
-                      args.out or "bench-results/serving_tp.json")
+                      args.out or "bench-results/serving_tp.json", flags)
     args.out = args.out or "bench-results/serving.json"
     rows = []
     for model in args.models.split(","):
@@ -189,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         if r["status"] != "run":
             print(f"not run: {r['model']} L={r['cache_len']} B={r['batch']}: {r['reason']}")
     write_json(args.out, {"target": args.target, "layers_built": args.layers, "assumed_position": "L - 1",
-                          "rows": rows})
+                          "attention": flags, "rows": rows})
     return 0
 
 

@@ -188,3 +188,19 @@ def test_full_size_131k_builds_and_profiles_within_sbuf(model):
     # with the pipelined block loop and hardware loops scheduled by iteration 1.53x / 1.33x)
     assert row["full_model_ms_per_token"] <= 1.7 * row["full_model_min_ms_core"], row
     assert row["bound"] == "memory", row
+
+
+def test_bench_serving_attention_switches(monkeypatch):
+    """``bench_serving.py --attention``: the A/B switches of the streamed template (docs/serving.md's figures with
+    the one-block-at-a-time loop / K^T by DMA) set exactly the named flags and refuse anything else."""
+    from fusegraph.codegen.ops import attention
+
+    monkeypatch.setattr(attention, "PIPELINE", True)
+    monkeypatch.setattr(attention, "KT_BY_DMA", False)
+    bench = bench_serving()
+    assert bench.set_attention_flags("") == {"PIPELINE": True, "KT_BY_DMA": False}
+    assert bench.set_attention_flags("PIPELINE=0,KT_BY_DMA=1") == {"PIPELINE": False, "KT_BY_DMA": True}
+    assert attention.PIPELINE is False and attention.KT_BY_DMA is True
+    for bad in ("STREAM_ABOVE=1", "PIPELINE=yes"):
+        with pytest.raises(SystemExit):
+            bench.set_attention_flags(bad)

@@ -15,7 +15,9 @@ import torch
 from fusegraph.matching import ACTIVATIONS, Input, register_pattern
 
 
-def _check(m):
+def check_weights(m):
+    """True when the expert weights are [E, 2I, H] / [E, H, I] for x's H, else the reason (shared with the
+    expert-parallel pattern)."""
     x, gu, down = m.inputs["x"], m.inputs["gate_up_proj"], m.inputs["down_proj"]
     if None in (x.shape, gu.shape, down.shape) or len(gu.shape) != 3 or len(down.shape) != 3:
         return "expert weights must be [E, 2I, H] and [E, H, I]"
@@ -40,7 +42,7 @@ DIMS = {"T": (2, 3), "K": (2, 3), "E": (4, 6), "H": (16, 32), "I": (8, 24)}
     inputs=INPUTS,
     slots={"act": ACTIVATIONS},
     dims=DIMS,
-    check=_check,
+    check=check_weights,
 )
 def moe_experts(x, indices, weights, gate_up_proj, down_proj, *, act):
     """HF ``batched_mm`` experts."""

@@ -21,16 +21,14 @@ import torch
 
 from fusegraph.matching import ACTIVATIONS, register_pattern
 
-from .moe_experts import _HISTC, DIMS, FP32_WEIGHTS, INPUTS, grouped_experts
+from .moe_experts import _HISTC, DIMS, FP32_WEIGHTS, INPUTS, check_weights, grouped_experts
 
 
 def _check(m):
-    x, gu, down = m.inputs["x"], m.inputs["gate_up_proj"], m.inputs["down_proj"]
-    if None in (x.shape, gu.shape, down.shape) or len(gu.shape) != 3 or len(down.shape) != 3:
-        return "expert weights must be [E, 2I, H] and [E, H, I]"
-    e, two_i, h = gu.shape
-    if down.shape != (e, h, two_i // 2) or x.shape[-1] != h:
-        return f"expert weights {gu.shape} / {down.shape} do not fit x {x.shape}"
+    ok = check_weights(m)
+    if ok is not True:
+        return ok
+    e = m.inputs["gate_up_proj"].shape[0]
     # the sentinel clamp's bound (E - 1) is not a dims expression the tracer checks: check it here (the batched
     # form gathers weights with the clamped ids; the grouped forms never read them, the clamp may be gone)
     if not str(getattr(m, "variant", "")).startswith("grouped"):

@@ -115,11 +115,13 @@ def eager_ops(session, record) -> list[str]:
                    if n not in ran and str(d.get("op", "")).split(".")[1:2] in ([o] for o in DECODER_OPS)})
 
 
-def run_and_check(case: PaddedBatch, steps: int = 3, tol: float = 1e-4) -> tuple[Any, str]:
-    """Greedy-decode ``steps`` steps compiled and eagerly; assert the serving properties; return (the latest
-    execution record, its kernel source)."""
+def run_and_check(case: PaddedBatch, steps: int = 3, tol: float = 1e-4,
+                  options: dict | None = None) -> tuple[Any, str]:
+    """Greedy-decode ``steps`` steps compiled (backend ``options`` added, e.g. ``lnc``) and eagerly; assert the
+    serving properties; return (the latest execution record, its kernel source)."""
     ref = case.fork()
-    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
+    step = torch.compile(case.step, backend="fusegraph",
+                         options={"executor": "nkisim", "cache_dir": "off", **(options or {})})
     with warnings.catch_warnings():
         warnings.simplefilter("error", FusegraphWarning)
         toks_c, logits_c = case.decode(step, steps)

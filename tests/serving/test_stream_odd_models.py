@@ -30,31 +30,12 @@ def test_odd_cache_length_decodes_like_eager_in_one_kernel(family, L, batch):
 
 def _decode_lnc2(case, steps):
     """:func:`run_and_check`'s serving properties with the kernel built for LNC=2 (two programs)."""
-    import warnings
+    from test_stream_models import run_and_check
 
-    import torch
-
-    from fusegraph import FusegraphWarning
-    from fusegraph.capture.session import last_session
-    from test_stream_models import eager_ops
-
-    ref = case.fork()
-    step = torch.compile(case.step, backend="fusegraph",
-                         options={"executor": "nkisim", "cache_dir": "off", "lnc": 2})
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FusegraphWarning)
-        toks_c, logits_c = case.decode(step, steps)
-    toks_e, logits_e = ref.decode(ref.step, steps)
-    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
-    for a, b in zip(logits_c, logits_e):
-        assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
-    session = last_session()
-    (record,) = session.program.execution.values()
-    assert record.launches_per_call == 1 and list(record.verification.values()) == ["passed"]
-    assert not eager_ops(session, record)
+    record, src = run_and_check(case, steps, options={"lnc": 2})
     (plan,) = record.run.plans
     assert plan.generated.stats.get("lnc") == 2
-    return plan.generated.source
+    return src
 
 
 @pytest.mark.parametrize("family,L,kv_heads,block_split", [

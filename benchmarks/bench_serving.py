@@ -20,8 +20,9 @@ count. A configuration the pipeline refuses is a row ``not run: <reason>``.
 ``tp_plan="auto"`` on the meta device, rank 0 of torch's fake process group, the executor's kernels with their
 collectives, profiled shape-only at ``kv_index = L - 1``); the same ``--layers`` build and extrapolation.
 
-``--attention PIPELINE=0`` / ``KT_BY_DMA=1``: the same rows with the streamed attention's block loop one block at a
-time / K^T by DMA transpose (the JSON records the switches), for the A/B figures of docs/serving.md.
+``--attention PIPELINE=0`` / ``KT_BY_DMA=1`` / ``PREFETCH=0``: the same rows with the streamed attention's block loop
+one block at a time / K^T by DMA transpose / the first block read after the layer's KV write (the JSON records the
+switches), for the A/B figures of docs/serving.md.
 """
 from __future__ import annotations
 
@@ -122,11 +123,12 @@ TP_COLUMNS = [("model", "model"), ("target", "target"), ("tp", "TP"), ("lnc", "L
 
 
 def set_attention_flags(spec: str) -> dict[str, bool]:
-    """``PIPELINE=0,KT_BY_DMA=1`` -> the template switches set for this run (only those two exist: an A/B of the
-    pipelined block loop and of K^T by DMA transpose against the defaults); returns every switch's value."""
+    """``PIPELINE=0,KT_BY_DMA=1,PREFETCH=0`` -> the template switches set for this run (only those exist: an A/B of
+    the pipelined block loop, of K^T by DMA transpose and of the first block read before the layer's KV write against
+    the defaults); returns every switch's value."""
     from fusegraph.codegen.ops import attention
 
-    known = ("PIPELINE", "KT_BY_DMA")
+    known = ("PIPELINE", "KT_BY_DMA", "PREFETCH")
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
         if name not in known or value not in ("0", "1"):
@@ -183,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", action="store_true", help="the rows on the tensor-parallel configuration, one rank each")
     ap.add_argument("--tp-rows", default="qwen3-30b-a3b:trn3:4:2", help="model:target:tp:lnc,... (with --tp)")
     ap.add_argument("--attention", default="", metavar="FLAG=0|1,...",
-                    help="A/B switches of the streamed attention template (codegen.ops.attention): PIPELINE, KT_BY_DMA")
+                    help="A/B switches of the streamed attention template (codegen.ops.attention): PIPELINE, KT_BY_DMA, "
+                         "PREFETCH")
     args = ap.parse_args(argv)
     flags = set_attention_flags(args.attention)
     if args.tp:

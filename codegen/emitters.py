@@ -35,6 +35,11 @@ class Emitted:
     pieces: list = field(default_factory=list)
     sbuf: int = 0  # scratch bytes per partition
     psum_banks: int = 0
+    #: code placed at the start of the instruction's layer, before the layer's other instructions (a cache read that
+    #: needs no value of this layer: the attention's first block, see ``attention.PREFETCH``); its tiles take
+    #: ``early_sbuf`` bytes per partition from there until the instruction
+    early: list = field(default_factory=list)
+    early_sbuf: int = 0
 
     def code(self, template: str, **ctx: Any) -> None:
         self.pieces.append(code(template, **ctx))

@@ -105,11 +105,13 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
     peak_scratch, peak_psum = 0, 0
     act_bytes: dict[str, int] = {}
     scratch_at: dict[int, int] = {}
+    early_at, layer_start = 0, 0  # where the layer's early code goes (after its banner), its first instruction
     for i, ins in enumerate(program.instructions):
         if ins.layer != current_layer:
             current_layer = ins.layer
             title = f"decoder layer {ins.layer}" if ins.layer is not None else "outside the decoder layers"
             pieces.append(render("layer_banner.j2", indent=4, title=title))
+            early_at, layer_start = len(pieces), i
         try:
             em = ins.emit(ctx, i)
             helpers = ins.module_code(ctx)  # module-level code before the kernel (an LLM island's sub-function)
@@ -117,6 +119,13 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
             failures.append((ins, e))
             continue
         module_code += [h for h in helpers if h not in module_code]
+        if em.early:  # before the layer's instructions; its tiles are live through them
+            pieces[early_at:early_at] = em.early
+            early_at += len(em.early)
+            for k in range(layer_start, i):
+                if k in scratch_at:
+                    scratch_at[k] += em.early_sbuf
+                    peak_scratch = max(peak_scratch, scratch_at[k])
         pieces.extend(em.pieces)
         if _critical_loads(ins, em.pieces):
             pieces.append(CriticalEnd(i))

@@ -25,7 +25,9 @@ Two templates, chosen by the cache length (:func:`stream_plan`):
   first ``L % Lb`` positions are one more, shorter block (:func:`block_starts`; read as a multiple of 128 with
   the overlap masked), first under a head split, after the combine under a block split. The block loop is
   software-pipelined (:data:`PIPELINE`): iteration k computes block k's scores while block k - 1's softmax and
-  P.V run, so the in-order Tensor, Vector and Scalar engines work on two blocks at once. Rounding: scores exactly as below; the probabilities are
+  P.V run, so the in-order Tensor, Vector and Scalar engines work on two blocks at once. The first block of sequence 0
+is read at the start of the layer, before its KV write (:data:`PREFETCH`; read again after the write only when this
+step's row falls in it: bit-identical). Rounding: scores exactly as below; the probabilities are
   rounded before normalization (``exp(s - running max)`` in the query dtype, the sum and the rescaling in fp32,
   one division at the end), see docs/serving.md for the tolerance.
 
@@ -65,6 +67,11 @@ KT_BY_DMA = False
 #: the Tensor, Vector and Scalar engines work on two blocks at once instead of passing one block down a chain);
 #: caches that are a multiple of the block (no short first block under a head split), not paged
 PIPELINE = True
+#: the first block of sequence 0 read at the start of the attention's layer, before the layer's KV write (and the
+#: projections that write waits for), and read again after it only when this step's row falls in it (a guarded DMA):
+#: the layer's first cache read no longer waits for the layer's first matmuls and the write's round trip. Streamed,
+#: position-bounded (the KV write's index is known), head split, not paged
+PREFETCH = True
 KV_INDEX = "kv_index"  # the SBUF tile of this step's cache positions (loaded once per step, shared with KV writes)
 
 
@@ -111,6 +118,14 @@ def _stream_scratch(Lb: int, D: int, G: int, split: int, kvb: int, qb: int, mb: 
     block = (2 * heads * nb * D * kvb + heads * split * Lb * kvb + Lb * (mb + sb + qb)
              + D * 4 + D * qb + 8 * 4 + (2 * (D + 2) * 4 if pos_split else 0))
     return 2 * block + heads * nb * R * qb + split * heads * R * qb
+
+
+def _prefetch_bytes(bL: int, D: int, heads: int, kvb: int, mb: int, pipe: bool, kt_dma: bool) -> int:
+    """SBUF bytes per partition of the prefetched first block (:data:`PREFETCH`), live from the layer's start to the
+    attention: K (or K^T by DMA), the mask, and V unless the pipelined loop loads block 0's V later."""
+    nb = bL // PMAX
+    k = heads * nb * (PMAX if kt_dma else D) * kvb
+    return k + (0 if pipe else heads * nb * D * kvb) + bL * mb
 
 
 def kt_by_dma(Lb: int, Lr: int, D: int, split: int, kvb: int, rows: int, *, paged: bool, pos_split: bool) -> bool:
@@ -261,7 +276,9 @@ class Attention(ir.Instruction):
         kv_rows = self.k_cache.shape[0] * Hkv * L
         kt_dma = kt_by_dma(Lb, Lr if r and not pos_split else 0, D, S, kvb, kv_rows, paged=bool(paged.get("paged")),
                            pos_split=pos_split)
-        e.code("attention_stream.j2", module=self.module or "", aten=aten(self), name=inst_name(self), D=D, P=P,
+        prefetch = PREFETCH and dynamic and not pos_split and not paged.get("paged")
+        odd_first = bool(r) and not pos_split
+        tctx = dict(module=self.module or "", aten=aten(self), name=inst_name(self), D=D, P=P,
                split=S, Hq=Hq, Hkv=Hkv, G=G, L=L, Lb=Lb, nb=nb, T=T, out=v, dtype=nl_dtype(self.out.dtype),
                kv_dtype=nl_dtype(self.k_cache.dtype), mask_hbm=ctx.var(self.mask),
                mask_dtype=nl_dtype(self.mask.dtype), q=ctx.var(self.q), k_cache=ctx.var(self.k_cache),
@@ -278,12 +295,17 @@ class Attention(ir.Instruction):
                index=index, more=more, i=f"{v}_pos",
                loop_start=f"{r + 2 * Lb - 1} + pid * {Lb}" if pos_split else str((r or Lb) - 1),
                loop_step=2 * Lb if pos_split else Lb, nblocks=nblocks, starts=starts, first_pos=first_pos,
-               r=r, Lr=Lr, nbr=nbr, odd_first=bool(r) and not pos_split, odd_last=bool(r) and pos_split,
+               r=r, Lr=Lr, nbr=nbr, odd_first=odd_first, odd_last=bool(r) and pos_split,
                chunks_r=[(c, n) for c, n, _ in tiles(Lr, MOVING_MAX)],
                kgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, kgroup)))],
                pgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, pgroup)))],
                mask_min=repr(float(torch.finfo(self.mask.dtype).min)), kt_dma=kt_dma, kv_rows=kv_rows, pipe=pipe,
+               prefetch=prefetch, bL0=Lr if odd_first else Lb,
                **{"paged": False, "segments": [], "table": "", "MB": 0, **paged}, **names)
+        e.code("attention_stream.j2", early=False, **tctx)
+        if prefetch:
+            e.early.append(code("attention_stream.j2", early=True, **tctx))
+            e.early_sbuf = _prefetch_bytes(Lr if odd_first else Lb, D, HC, kvb, nbytes(self.mask.dtype), pipe, kt_dma)
         return e
 
     def kv_dims(self) -> tuple[int, int, int]:

@@ -30,8 +30,10 @@ def _program(dtype, pos, L, Hq, Hkv, D=64, block=0, write=True, softcap=0.0):
     idx = None
     if write:
         idx = b.hbm("kv_idx", torch.tensor(pos, dtype=torch.int32), V.INPUT)
-        b.ins.append(ir.KVWrite(cache=kc, value=b.act("k", torch.randn(B, Hkv * D, dtype=dtype)), index=idx, layer=0))
-        b.ins.append(ir.KVWrite(cache=vc, value=b.act("v", torch.randn(B, Hkv * D, dtype=dtype)), index=idx, layer=0))
+        k = b.act("k", torch.randn(B, Hkv * D, dtype=dtype))
+        v = b.act("v", torch.randn(B, Hkv * D, dtype=dtype))  # (both before the writes: layer 0 is one run)
+        b.ins.append(ir.KVWrite(cache=kc, value=k, index=idx, layer=0))
+        b.ins.append(ir.KVWrite(cache=vc, value=v, index=idx, layer=0))
     o = b.new("o", Hq * D, dtype)
     b.ins.append(ir.Attention(q=q, k_cache=kc, v_cache=vc, mask=m, out=o, scale=D ** -0.5, groups=Hq // Hkv,
                               softcap=softcap, index=idx, block=block, layer=0))
@@ -207,3 +209,46 @@ def test_pipelined_block_loop_is_bit_identical_to_one_block_at_a_time(dtype, lnc
     gen0, res0, _, _ = b.run(lnc=lnc)
     assert "software-pipelined blocks" not in gen0.source
     assert torch.equal(res["out_o"], res0["out_o"])
+
+
+EARLY = "read now, at\n"  # the early piece's comment (attention.PREFETCH)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pos,L,block,kt", [
+    ([5, 700, 1023], 1024, 128, False),  # sequence 0's row in the prefetched block: read again after the write
+    ([700, 5, 1023], 1024, 128, False),  # sequence 0's row past it: the early read is used as it is
+    ([130, 3999], 4000, 1024, False),  # a short first block (4000 % 1024 = 928, read as 1024), not pipelined
+    ([3999, 9], 4000, 1024, True),  # K^T by DMA transpose
+])
+def test_prefetched_first_block_is_bit_identical(dtype, pos, L, block, kt, monkeypatch):
+    """The first block of sequence 0 read before the layer's KV write (attention.PREFETCH) and read again by a
+    guarded DMA only when this step's row falls in it: the same outputs bit for bit as reading it after the write,
+    whether the row is in it or not. Breaking the guard (never re-reading) leaves the stale row in the tile, which
+    this test sees when sequence 0's position is in block 0."""
+    import fusegraph.codegen.ops.attention as attention
+
+    if kt and dtype == torch.float32:
+        pytest.skip("K^T by DMA moves 2-byte elements")
+    monkeypatch.setattr(attention, "KT_BY_DMA", kt)
+    Hq, Hkv, D = 4, 2, 64 if not kt else 128
+    b = _program(dtype, pos, L, Hq, Hkv, D, block=block)
+    gen, res, ref, kern = b.run()
+    src = gen.source
+    assert src.count(EARLY) == 1 and src.index(EARLY) < src.index('name="L0.kv_write.kv_write"')
+    again = ".kT_dma_again" if kt else ".kload_again"
+    assert src.index('name="L0.kv_write.kv_write2"') < src.index(again)
+    _check(b, gen, res, ref, Hq, Hkv, D, dtype)
+    monkeypatch.setattr(attention, "PREFETCH", False)
+    gen0, res0, _, _ = b.run()
+    assert EARLY not in gen0.source and again not in gen0.source
+    assert torch.equal(res["out_o"], res0["out_o"])
+
+
+def test_prefetch_applies_only_to_position_bounded_head_split_blocks():
+    """No early read without the KV write's positions (every block is read after the write anyway: a full sliding
+    window), under a block split (odd kv heads on LNC=2), or for the single-pass template."""
+    assert EARLY not in _program(torch.float32, [1023], 1024, 4, 2, block=256, write=False).run()[0].source
+    assert EARLY not in _program(torch.float32, [900, 130], 1024, 6, 3, block=256).run(lnc=2)[0].source
+    assert EARLY not in _program(torch.float32, [900, 130], 1024, 4, 2).run()[0].source  # 1024 <= STREAM_ABOVE
+    assert EARLY in _program(torch.float32, [900, 130], 1024, 8, 4, block=256).run(lnc=2)[0].source  # head split

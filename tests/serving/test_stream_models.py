@@ -199,10 +199,12 @@ def test_bench_serving_attention_switches(monkeypatch):
 
     monkeypatch.setattr(attention, "PIPELINE", True)
     monkeypatch.setattr(attention, "KT_BY_DMA", False)
+    monkeypatch.setattr(attention, "PREFETCH", True)
     bench = bench_serving()
-    assert bench.set_attention_flags("") == {"PIPELINE": True, "KT_BY_DMA": False}
-    assert bench.set_attention_flags("PIPELINE=0,KT_BY_DMA=1") == {"PIPELINE": False, "KT_BY_DMA": True}
-    assert attention.PIPELINE is False and attention.KT_BY_DMA is True
+    assert bench.set_attention_flags("") == {"PIPELINE": True, "KT_BY_DMA": False, "PREFETCH": True}
+    assert bench.set_attention_flags("PIPELINE=0,KT_BY_DMA=1,PREFETCH=0") == {"PIPELINE": False, "KT_BY_DMA": True,
+                                                                               "PREFETCH": False}
+    assert attention.PIPELINE is False and attention.KT_BY_DMA is True and attention.PREFETCH is False
     for bad in ("STREAM_ABOVE=1", "PIPELINE=yes"):
         with pytest.raises(SystemExit):
             bench.set_attention_flags(bad)

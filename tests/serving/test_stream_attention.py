@@ -252,3 +252,18 @@ def test_prefetch_applies_only_to_position_bounded_head_split_blocks():
     assert EARLY not in _program(torch.float32, [900, 130], 1024, 6, 3, block=256).run(lnc=2)[0].source
     assert EARLY not in _program(torch.float32, [900, 130], 1024, 4, 2).run()[0].source  # 1024 <= STREAM_ABOVE
     assert EARLY in _program(torch.float32, [900, 130], 1024, 8, 4, block=256).run(lnc=2)[0].source  # head split
+
+
+def test_prefetched_tiles_count_in_the_budget_of_the_instructions_they_cross(monkeypatch):
+    """The early read's tiles live from the layer's start to the attention: generate adds them to the scratch of
+    the instructions in between (here the KV writes) in the SBUF budget, not only to the attention's."""
+    import fusegraph.codegen.ops.attention as attention
+    from fusegraph.codegen.megakernel import generate
+
+    prog = _program(torch.float32, [5, 700], 1024, 4, 2, block=256).program()
+    base = generate(prog).budget.items["instruction scratch (at the peak)"]
+    monkeypatch.setattr(attention, "_prefetch_bytes", lambda *a: 10 * base)
+    # the peak is now a KV write's scratch plus the early tiles, above the attention's own
+    assert generate(prog).budget.items["instruction scratch (at the peak)"] >= 10 * base
+    monkeypatch.setattr(attention, "PREFETCH", False)
+    assert generate(prog).budget.items["instruction scratch (at the peak)"] == base

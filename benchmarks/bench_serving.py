@@ -60,6 +60,7 @@ def measure(model: str, target: str, L: int, batch: int, layers: int) -> dict[st
     from fusegraph.api.kernel import build_for_target, capture_decode
     from fusegraph.perf.analysis import (cost_strategies, kernel_stats, model_config, one_line_reason,
                                          strategy_summary)
+    from fusegraph.codegen.ops.attention import position_assumption
     from fusegraph.codegen.runtime import abstract_args
     from fusegraph.perf.kernelview import build_view
     from fusegraph.perf.params import load_params
@@ -83,7 +84,7 @@ def measure(model: str, target: str, L: int, batch: int, layers: int) -> dict[st
         ns = nkisim.load_kernel_source(gen.source, f"<fusegraph:{gen.name}>", target=target)
         extra = {"sbuf_budget": settings.sbuf_budget} if settings.sbuf_budget else {}
         nkisim.run(ns[gen.name], *abstract_args(gen), target=target, shape_only=True, lnc=settings.lnc,
-                   assume={"kv_index": L - 1}, **extra)
+                   assume=position_assumption(L - 1), **extra)
         prof = nkisim.last_profile().to_dict()
         b.config, b.profile, b.view = cfg, prof, build_view(gen.source, prof)
         stage = "cost model"

@@ -73,6 +73,15 @@ PIPELINE = True
 #: position-bounded (the KV write's index is known), head split, not paged
 PREFETCH = True
 KV_INDEX = "kv_index"  # the SBUF tile of this step's cache positions (loaded once per step, shared with KV writes)
+KV_NEXT = "kv_next"  # the positions + 1 (computed once per step): the bound of the position-bounded block loop
+
+
+def position_assumption(position: int) -> dict[str, int]:
+    """The ``assume`` of a shape-only interpreter run (:func:`fusegraph.nkisim.run`) whose sequences all write
+    this step's row at ``position`` (``L - 1``: a full cache, as the serving benchmarks read it). Why a helper: the
+    position-bounded block loop's bound is the position + 1, a tile the kernel derives from the positions (no data
+    in a shape-only run), so both tiles need the assumption."""
+    return {KV_INDEX: position, KV_NEXT: position + 1}
 
 
 def stream_plan(L: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int, *, pos_split: bool = False,
@@ -186,10 +195,12 @@ class Attention(ir.Instruction):
     def setup(self, ctx: Context) -> list[str]:
         """A streamed attention bounded by the sequences' positions reads them from the step's ``kv_index`` tile
         (loaded once per step; the KV writes share it)."""
-        if self.index is None or KV_INDEX in ctx.inputs or self._plan(ctx) is None:
+        if self.index is None or KV_NEXT in ctx.inputs or self._plan(ctx) is None:
             return []
+        out = [] if KV_INDEX in ctx.inputs else [code("kv_index.j2", T=ctx.tokens, index=self.index.name)]
         ctx.inputs[KV_INDEX] = KV_INDEX
-        return [code("kv_index.j2", T=ctx.tokens, index=self.index.name)]
+        ctx.inputs[KV_NEXT] = KV_NEXT
+        return out + [code("kv_next.j2", T=ctx.tokens, src=KV_INDEX, dst=KV_NEXT)]
 
     def emit(self, ctx: Context, i: int) -> Emitted:
         B, Hkv, L, D = self.k_cache.shape
@@ -272,7 +283,7 @@ class Attention(ir.Instruction):
         nbr = Lr // PMAX
         names = {k: f"{v}_{k}" for k in ("kn", "vn", "mk", "kT", "kps", "s", "sps", "nm", "l", "acc", "bm", "alpha",
                                            "p", "lb", "pTz", "pTps", "ops", "st", "sto", "rl", "o", "oTps", "npos",
-                                           "qz", "kh", "kio", "kidx", "bmc", "vprev")}
+                                           "qz", "kh", "kio", "kidx", "bmc", "vprev", "nnext")}
         kv_rows = self.k_cache.shape[0] * Hkv * L
         kt_dma = kt_by_dma(Lb, Lr if r and not pos_split else 0, D, S, kvb, kv_rows, paged=bool(paged.get("paged")),
                            pos_split=pos_split)
@@ -292,8 +303,8 @@ class Attention(ir.Instruction):
                half=per_core * G if per_core else 0, pos_split=pos_split, dynamic=dynamic, HC=HC, R=R,
                ngroups=(per_core or Hkv) // HC, head0=f"pid * {per_core} + " if per_core else "",
                q_dtype=nl_dtype(self.q.dtype),
-               index=index, more=more, i=f"{v}_pos",
-               loop_start=f"{r + 2 * Lb - 1} + pid * {Lb}" if pos_split else str((r or Lb) - 1),
+               index=index, index_next=ctx.inputs.get(KV_NEXT, ""), more=more, i=f"{v}_pos",
+               loop_start=f"{r + 2 * Lb} + pid * {Lb}" if pos_split else str(r or Lb),
                loop_step=2 * Lb if pos_split else Lb, nblocks=nblocks, starts=starts, first_pos=first_pos,
                r=r, Lr=Lr, nbr=nbr, odd_first=odd_first, odd_last=bool(r) and pos_split,
                chunks_r=[(c, n) for c, n, _ in tiles(Lr, MOVING_MAX)],

@@ -32,6 +32,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..api.kernel import CapturedStep, capture_callable
+from ..codegen.ops.attention import position_assumption
 from ..models.kv_replication import replicated_kv_config
 from ..perf import baselines
 from ..perf.analysis import one_line_reason, profile_program0
@@ -69,7 +70,7 @@ class TPConfig:
     layers: int | None = None  # default: the model's
     cache_len: int = 640
     batch: int = 1  # sequences per step (serving rows)
-    full_cache: bool = False  # profile with every sequence at the cache's last position (kv_index = L - 1)
+    full_cache: bool = False  # profile with every sequence at the cache's last position (``position_assumption(L - 1)``)
     why: str = ""  # why this target / configuration (printed in the report)
     options: tuple[tuple[str, Any], ...] = ()  # executor options of the row (e.g. (("weight_buffers", 2),))
 
@@ -245,7 +246,7 @@ def build_rank_kernels(step: CapturedStep, target: str,
     """The kernels the NKI executor builds for the rank's program (every fusible region), each profiled
     shape-only with the executor's settings (SBUF budget, LNC) and costed on ``target``'s parameters; and the
     regions the executor would leave on the eager path, with the reason (their work is not modeled).
-    ``assume``: the shape-only register values (serving rows: ``{"kv_index": L - 1}``, so a streamed attention
+    ``assume``: the shape-only register values (serving rows: ``position_assumption(L - 1)``, so a streamed attention
     reads every block of the cache instead of the one block of the default position-0 assumption)."""
     import warnings
 
@@ -401,7 +402,7 @@ def run_row(cfg: TPConfig) -> dict[str, Any]:
         t1 = time.perf_counter()
         try:
             kernels, refused = build_rank_kernels(
-                step, cfg.target, assume={"kv_index": cfg.cache_len - 1} if cfg.full_cache else None)
+                step, cfg.target, assume=position_assumption(cfg.cache_len - 1) if cfg.full_cache else None)
         except Exception as e:  # noqa: BLE001
             log.debug("%s: build/profile failed", cfg.label, exc_info=e)
             return {**head, "status": "not run", "stage": "codegen/profile", "reason": one_line_reason(e)}

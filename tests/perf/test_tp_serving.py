@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from fusegraph.codegen.ops.attention import position_assumption
 from fusegraph.modelperf import tp
 from fusegraph.perf.params import load_params
 
@@ -19,7 +20,7 @@ CFG = tp.TPConfig("llama-tiny", "trn3", 2, 1, layers=1, cache_len=L, batch=2, fu
 def built():
     with tp.fake_rank(CFG.tp):
         step, case = tp.capture_rank(CFG)
-        full, refused = tp.build_rank_kernels(step, CFG.target, assume={"kv_index": L - 1})
+        full, refused = tp.build_rank_kernels(step, CFG.target, assume=position_assumption(L - 1))
         first, _ = tp.build_rank_kernels(step, CFG.target)  # default assumption: position 0, one block read
     assert not refused
     hw = load_params(CFG.target)

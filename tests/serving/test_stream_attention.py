@@ -203,7 +203,7 @@ def test_pipelined_block_loop_is_bit_identical_to_one_block_at_a_time(dtype, lnc
     Hq = 2 * Hkv
     b = _program(dtype, [5, 511, 512, L - 1], L, Hq, Hkv, D, block=128)
     gen, res, ref, _ = b.run(lnc=lnc)
-    assert "software-pipelined blocks" in gen.source and "register_store(" in gen.source
+    assert "software-pipelined blocks" in gen.source and "register_move(" in gen.source
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
     monkeypatch.setattr(attention, "PIPELINE", False)
     gen0, res0, _, _ = b.run(lnc=lnc)

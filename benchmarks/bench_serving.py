@@ -20,9 +20,9 @@ count. A configuration the pipeline refuses is a row ``not run: <reason>``.
 ``tp_plan="auto"`` on the meta device, rank 0 of torch's fake process group, the executor's kernels with their
 collectives, profiled shape-only at ``kv_index = L - 1``); the same ``--layers`` build and extrapolation.
 
-``--attention PIPELINE=0`` / ``KT_BY_DMA=1`` / ``PREFETCH=0``: the same rows with the streamed attention's block loop
-one block at a time / K^T by DMA transpose / the first block read after the layer's KV write (the JSON records the
-switches), for the A/B figures of docs/serving.md.
+``--attention PIPELINE=0`` / ``KT_BY_DMA=1`` / ``PREFETCH=0`` / ``ROW_GROUPS=1``: the same rows with the streamed
+attention's block loop one block at a time / K^T by DMA transpose / the first block read after the layer's KV write /
+one row group per score tile (the JSON records the switches), for the A/B figures of docs/serving.md.
 """
 from __future__ import annotations
 
@@ -123,19 +123,20 @@ TP_COLUMNS = [("model", "model"), ("target", "target"), ("tp", "TP"), ("lnc", "L
               ("full_model_min_ms_rank", "full min ms/step (rank)")]
 
 
-def set_attention_flags(spec: str) -> dict[str, bool]:
-    """``PIPELINE=0,KT_BY_DMA=1,PREFETCH=0`` -> the template switches set for this run (only those exist: an A/B of
-    the pipelined block loop, of K^T by DMA transpose and of the first block read before the layer's KV write against
-    the defaults); returns every switch's value."""
+def set_attention_flags(spec: str) -> dict[str, bool | int]:
+    """``PIPELINE=0,KT_BY_DMA=1,PREFETCH=0,ROW_GROUPS=1`` -> the template switches set for this run (only those
+    exist: an A/B of the pipelined block loop, of K^T by DMA transpose, of the first block read before the layer's KV
+    write and of the row groups (at most N, 1: off) against the defaults); returns every switch's value."""
     from fusegraph.codegen.ops import attention
 
-    known = ("PIPELINE", "KT_BY_DMA", "PREFETCH")
+    known = {"PIPELINE": ("0", "1"), "KT_BY_DMA": ("0", "1"), "PREFETCH": ("0", "1"), "ROW_GROUPS": ("1", "2", "4")}
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
-        if name not in known or value not in ("0", "1"):
-            raise SystemExit(f"--attention: {item!r} is not one of {', '.join(k + '=0|1' for k in known)}")
-        setattr(attention, name, value == "1")
-    return {k: bool(getattr(attention, k)) for k in known}
+        if name not in known or value not in known[name]:
+            raise SystemExit(f"--attention: {item!r} is not one of "
+                             + ", ".join(f"{k}={'|'.join(v)}" for k, v in known.items()))
+        setattr(attention, name, int(value) if name == "ROW_GROUPS" else value == "1")
+    return {k: (int if k == "ROW_GROUPS" else bool)(getattr(attention, k)) for k in known}
 
 
 def run_tp(specs: str, lens: list[int], batches: list[int], layers: int, out: str,
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp-rows", default="qwen3-30b-a3b:trn3:4:2", help="model:target:tp:lnc,... (with --tp)")
     ap.add_argument("--attention", default="", metavar="FLAG=0|1,...",
                     help="A/B switches of the streamed attention template (codegen.ops.attention): PIPELINE, KT_BY_DMA, "
-                         "PREFETCH")
+                         "PREFETCH (0|1), ROW_GROUPS (1|2|4)")
     args = ap.parse_args(argv)
     flags = set_attention_flags(args.attention)
     if args.tp:

@@ -27,7 +27,9 @@ Two templates, chosen by the cache length (:func:`stream_plan`):
   software-pipelined (:data:`PIPELINE`): iteration k computes block k's scores while block k - 1's softmax and
   P.V run, so the in-order Tensor, Vector and Scalar engines work on two blocks at once. The first block of sequence 0
 is read at the start of the layer, before its KV write (:data:`PREFETCH`; read again after the write only when this
-step's row falls in it: bit-identical). Rounding: scores exactly as below; the probabilities are
+step's row falls in it: bit-identical). A core with few query rows splits each block's positions into row groups
+(:data:`ROW_GROUPS`: ``[groups x rows, Lb / groups]`` score tiles, one running state per group, folded by one matmul
+at the end), so a softmax instruction runs over ``Lb / groups`` columns. Rounding: scores exactly as below; the probabilities are
   rounded before normalization (``exp(s - running max)`` in the query dtype, the sum and the rescaling in fp32,
   one division at the end), see docs/serving.md for the tolerance.
 
@@ -72,6 +74,12 @@ PIPELINE = True
 #: the layer's first cache read no longer waits for the layer's first matmuls and the write's round trip. Streamed,
 #: position-bounded (the KV write's index is known), head split, not paged
 PREFETCH = True
+#: at most this many *row groups* share a score tile: each row group holds its own contiguous part of every block
+#: (positions j x Lb / groups ...) with its own running softmax state, and the groups are folded once at the end, so a
+#: core with few query rows (a TP rank's one kv head: 8 rows) fills more partitions and each Vector/Scalar
+#: instruction of a block runs over Lb / groups columns instead of Lb (its cost is its free size). 4: the P^T copies
+#: into a group's partitions must start at 0/32/64/96 (nkisim's start-partition rule); 1 turns it off
+ROW_GROUPS = 4
 KV_INDEX = "kv_index"  # the SBUF tile of this step's cache positions (loaded once per step, shared with KV writes)
 KV_NEXT = "kv_next"  # the positions + 1 (computed once per step): the bound of the position-bounded block loop
 
@@ -119,14 +127,14 @@ def block_starts(L: int, Lb: int) -> tuple[list[int], list[int]]:
 
 
 def _stream_scratch(Lb: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int, pos_split: bool,
-                    heads: int = 1) -> int:
+                    heads: int = 1, pg: int = 1) -> int:
     """SBUF bytes per partition of one streamed block, counted twice: the next block's tiles are allocated while
     this block's are live (double-buffered K/V loads); plus the zero-padded q and P^T tiles, allocated once."""
     nb = Lb // PMAX
-    R = heads * G
-    block = (2 * heads * nb * D * kvb + heads * split * Lb * kvb + Lb * (mb + sb + qb)
-             + D * 4 + D * qb + 8 * 4 + (2 * (D + 2) * 4 if pos_split else 0))
-    return 2 * block + heads * nb * R * qb + split * heads * R * qb
+    R = heads * G * pg
+    block = (2 * heads * nb * D * kvb + heads * split * Lb * kvb + Lb // pg * (mb + sb + qb)
+             + D * 4 + D * qb + 8 * 4 + (2 * (D + 2) * 4 if pos_split else 0) + ((D + 1) * 4 + R * 8 if pg > 1 else 0))
+    return 2 * block + heads * nb * R * qb + split * heads * pg * R * qb
 
 
 def _prefetch_bytes(bL: int, D: int, heads: int, kvb: int, mb: int, pipe: bool, kt_dma: bool) -> int:
@@ -151,6 +159,21 @@ def kt_by_dma(Lb: int, Lr: int, D: int, split: int, kvb: int, rows: int, *, page
         if L_ and (rows % nb or any(c % nb or n % nb for c, n, _ in tiles(L_, MOVING_MAX))):
             return False
     return True
+
+
+def row_groups(R: int, nb: int, *, r: int, paged: bool, kt_dma: bool) -> int:
+    """Row groups of a streamed block (:data:`ROW_GROUPS`): the most, up to it, with at most 128 rows in all that
+    divide the block's 128-position tiles (``nb``); 1 for a short first block (``r``), paged gathers and K^T by DMA
+    (its strided score read is per position row)."""
+    if r or paged or kt_dma:
+        return 1
+    return max(g for g in range(1, ROW_GROUPS + 1) if g == 1 or (g * R <= PMAX and nb % g == 0 and PMAX % g == 0
+                                                                 and (PMAX // g) % 32 == 0))
+
+
+def fold_matrix(R: int, groups: int) -> torch.Tensor:
+    """[groups x R, R] fp32: 1 where row j x R + r meets column r; the matmul with it adds the row groups' states."""
+    return torch.eye(R, dtype=torch.float32).repeat(groups, 1)
 
 
 def head_group(heads: int, G: int) -> int:
@@ -191,6 +214,24 @@ class Attention(ir.Instruction):
                            nbytes(self.mask.dtype), nbytes(self.q.dtype) if exact else 4,
                            pos_split=ctx.lnc == 2 and not ctx.split(Hkv), block=self.block,
                            heads=head_group(ctx.split(Hkv) or Hkv, self.groups))
+
+    def _groups(self, ctx: Context) -> tuple[int, int]:
+        """(rows R of a head group, row groups) of the streamed template; (R, 1) when it does not stream."""
+        Hkv, L, D = self.kv_dims()
+        R = head_group(ctx.split(Hkv) or Hkv, self.groups) * self.groups
+        plan = self._plan(ctx)
+        if plan is None:
+            return R, 1
+        Lb = plan[0]
+        pos_split = ctx.lnc == 2 and not ctx.split(Hkv)
+        kt = kt_by_dma(Lb, 0, D, ctx.layout(self.q).split, nbytes(self.k_cache.dtype), self.k_cache.shape[0] * Hkv * L,
+                       paged=False, pos_split=pos_split)
+        return R, row_groups(R, Lb // PMAX, r=L % Lb, paged=False, kt_dma=kt)
+
+    def constants(self, ctx: Context) -> dict[str, ir.Constant]:
+        """The fold matrix of the row groups (:func:`fold_matrix`), when a streamed block has more than one."""
+        R, pg = self._groups(ctx)
+        return {f"c_fold_{pg}x{R}": ir.Constant(fold_matrix(R, pg), f"fold_{pg}x{R}")} if pg > 1 else {}
 
     def setup(self, ctx: Context) -> list[str]:
         """A streamed attention bounded by the sequences' positions reads them from the step's ``kv_index`` tile
@@ -273,20 +314,23 @@ class Attention(ir.Instruction):
         # the core's kv heads in groups of HC sharing one [R, Lb] score tile (zero-padded q and P^T, see the template)
         HC = head_group(per_core or Hkv, G)
         R = HC * G
-        scratch = _stream_scratch(Lb, D, G, S, kvb, qb, nbytes(self.mask.dtype), qb if exact else 4, pos_split, HC)
-        pipe = PIPELINE and more and not paged.get("paged") and not (r and not pos_split)
-        chunks = tiles(Lb, MOVING_MAX)
-        # pipelined: the block's score chunks are all live in PSUM at once (evicted after the previous block's softmax)
-        e = Emitted(sbuf=scratch + Hq * S * T * qb, psum_banks=5 + (len(chunks) - 1 if pipe else 0))
-        kgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (PMAX * kvb)))  # K^T tiles per 2 KiB PSUM tile
-        pgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (R * qb)))  # P^T tiles per PSUM tile
-        nbr = Lr // PMAX
-        names = {k: f"{v}_{k}" for k in ("kn", "vn", "mk", "kT", "kps", "s", "sps", "nm", "l", "acc", "bm", "alpha",
-                                           "p", "lb", "pTz", "pTps", "ops", "st", "sto", "rl", "o", "oTps", "npos",
-                                           "qz", "kh", "kio", "kidx", "bmc", "vprev", "nnext")}
         kv_rows = self.k_cache.shape[0] * Hkv * L
         kt_dma = kt_by_dma(Lb, Lr if r and not pos_split else 0, D, S, kvb, kv_rows, paged=bool(paged.get("paged")),
                            pos_split=pos_split)
+        pg = row_groups(R, nb, r=r, paged=bool(paged.get("paged")), kt_dma=kt_dma)
+        scratch = _stream_scratch(Lb, D, G, S, kvb, qb, nbytes(self.mask.dtype), qb if exact else 4, pos_split, HC,
+                                  pg)
+        pipe = PIPELINE and more and not paged.get("paged") and not (r and not pos_split)
+        chunks = tiles(Lb // pg, MOVING_MAX)
+        # pipelined: the block's score chunks are all live in PSUM at once (evicted after the previous block's softmax)
+        e = Emitted(sbuf=scratch + Hq * S * T * qb, psum_banks=5 + (len(chunks) - 1 if pipe else 0))
+        kgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (PMAX * kvb)))  # K^T tiles per 2 KiB PSUM tile
+        pgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (pg * R * qb)))  # P^T tiles per PSUM tile
+        nbr = Lr // PMAX
+        names = {k: f"{v}_{k}" for k in ("kn", "vn", "mk", "kT", "kps", "s", "sps", "nm", "l", "acc", "bm", "alpha",
+                                           "p", "lb", "pTz", "pTps", "ops", "st", "sto", "rl", "o", "oTps", "npos",
+                                           "qz", "kh", "kio", "kidx", "bmc", "vprev", "nnext", "gT", "gr",
+                                           "gm", "gw", "gs", "gf")}
         prefetch = PREFETCH and dynamic and not pos_split and not paged.get("paged")
         odd_first = bool(r) and not pos_split
         tctx = dict(module=self.module or "", aten=aten(self), name=inst_name(self), D=D, P=P,
@@ -311,7 +355,8 @@ class Attention(ir.Instruction):
                kgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, kgroup)))],
                pgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, pgroup)))],
                mask_min=repr(float(torch.finfo(self.mask.dtype).min)), kt_dma=kt_dma, kv_rows=kv_rows, pipe=pipe,
-               prefetch=prefetch, bL0=Lr if odd_first else Lb,
+               prefetch=prefetch, bL0=Lr if odd_first else Lb, pg=pg, RR=pg * R, gq_rows=PMAX // pg,
+               fold=ctx.consts.get(f"fold_{pg}x{R}", ""),
                **{"paged": False, "segments": [], "table": "", "MB": 0, **paged}, **names)
         e.code("attention_stream.j2", early=False, **tctx)
         if prefetch:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fusegraph.codegen import ir
-from fusegraph.codegen.ops.attention import STREAM_ABOVE, stream_plan
+from fusegraph.codegen.ops.attention import STREAM_ABOVE, row_groups, stream_plan
 from fusegraph.nkiapi.conformance import check_source
 
 from fusegraph.codegen.testing import Builder, V
@@ -159,8 +159,11 @@ def test_streamed_softmax_runs_once_per_block_for_all_kv_heads(lnc):
     b = _program(torch.float32, [L - 1, L - 1], L, Hq, Hkv, D, block=256)
     gen, res, ref, _ = b.run(lnc=lnc)
     heads = Hkv // lnc
+    groups = row_groups(heads * 2, 256 // 128, r=0, paged=False, kt_dma=False)
+    assert groups == 2  # two row groups of 128 positions per block (ROW_GROUPS; blocks of 2 position tiles)
     n, parts = _executed(".exp", "activation")
-    assert (n, parts) == (2 * 4 * lnc, heads * 2)  # per core: 2 sequences x 4 blocks, all its heads' rows at once
+    # per core: 2 sequences x 4 blocks, all its heads' rows at once, in each row group
+    assert (n, parts) == (2 * 4 * lnc, heads * 2 * groups)
     n_k, _ = _executed(".kload", "dma_copy")
     assert n_k == 2 * 4 * lnc
     _check(b, gen, res, ref, Hq, Hkv, D, torch.float32)
@@ -267,3 +270,40 @@ def test_prefetched_tiles_count_in_the_budget_of_the_instructions_they_cross(mon
     assert generate(prog).budget.items["instruction scratch (at the peak)"] >= 10 * base
     monkeypatch.setattr(attention, "PREFETCH", False)
     assert generate(prog).budget.items["instruction scratch (at the peak)"] == base
+
+
+def test_row_groups_choice():
+    """Row groups (attention.ROW_GROUPS): as many as fit 128 rows and divide the block's position tiles, with each
+    group's partitions starting at 0/32/64/96; one for a short first block, paged gathers and K^T by DMA."""
+    assert row_groups(8, 8, r=0, paged=False, kt_dma=False) == 4  # a TP rank's one kv head: 8 rows -> 32
+    assert row_groups(32, 8, r=0, paged=False, kt_dma=False) == 4  # 4 kv heads x 8 -> 128 rows
+    assert row_groups(64, 8, r=0, paged=False, kt_dma=False) == 2
+    assert row_groups(128, 8, r=0, paged=False, kt_dma=False) == 1
+    assert row_groups(8, 2, r=0, paged=False, kt_dma=False) == 2  # blocks of 2 position tiles
+    assert row_groups(8, 1, r=0, paged=False, kt_dma=False) == 1
+    assert row_groups(8, 8, r=52, paged=False, kt_dma=False) == 1
+    assert row_groups(8, 8, r=0, paged=True, kt_dma=False) == 1
+    assert row_groups(8, 8, r=0, paged=False, kt_dma=True) == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lnc,pipe", [(1, True), (1, False), (2, True)])
+def test_row_groups_fill_the_partitions_of_a_one_kv_head_core(dtype, lnc, pipe, monkeypatch):
+    """One kv head with 8 query heads (a TP rank of Qwen3-30B-A3B): 8 score rows, so each block's positions are
+    split into 4 row groups of 256 ([32, 256] score tiles, one running state per group, folded at the end). Ragged
+    positions: a sequence inside the first group of block 0 (the other groups see only masked positions and must
+    add nothing), one at a group boundary, one at the end; LNC=2 splits the blocks (one kv head). Within the
+    streamed template's tolerance of the reference and of the single-group template."""
+    import fusegraph.codegen.ops.attention as attention
+
+    monkeypatch.setattr(attention, "PIPELINE", pipe)
+    L, Hq, Hkv, D = 4096, 8, 1, 64
+    b = _program(dtype, [5, 1279, L - 1], L, Hq, Hkv, D, block=1024)
+    gen, res, ref, _ = b.run(lnc=lnc)
+    assert "the 4 row groups' states" in gen.source and "shape=(32, 256)" in gen.source
+    _check(b, gen, res, ref, Hq, Hkv, D, dtype)
+    monkeypatch.setattr(attention, "ROW_GROUPS", 1)
+    gen1, res1, _, _ = b.run(lnc=lnc)
+    assert "row groups' states" not in gen1.source
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(res["out_o"].float(), res1["out_o"].float(), **tol)

@@ -26,6 +26,7 @@ from test_stream_models import padded_batch  # noqa: E402
 def _run_both(monkeypatch, make, **run):
     """(generated source, results) with the DMA transpose and with the Tensor-engine transposes."""
     out = []
+    monkeypatch.setattr(attention, "ROW_GROUPS", 1)  # K^T by DMA keeps one row group: compare like with like
     for flag in (True, False):
         monkeypatch.setattr(attention, "KT_BY_DMA", flag)
         b = make()
@@ -94,6 +95,7 @@ def _decode(monkeypatch, flag: bool, eager: bool = False):
     """(tokens, logits, kernel source) of one compiled bf16 decode step of a tiny Qwen3-MoE at 4096 positions
     (and the eager step's tokens and logits with ``eager``)."""
     monkeypatch.setattr(attention, "KT_BY_DMA", flag)
+    monkeypatch.setattr(attention, "ROW_GROUPS", 1)  # the same row groups on both paths (K^T by DMA has one)
     torch._dynamo.reset()  # else dynamo reuses the previous compile (same step code, guards pass) and its kernel
     case = padded_batch("Qwen3Moe", 4096, 1, dtype="bfloat16", moe_intermediate_size=128, num_experts=8,
                         num_experts_per_tok=2, decoder_sparse_step=1)

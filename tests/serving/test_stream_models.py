@@ -200,11 +200,13 @@ def test_bench_serving_attention_switches(monkeypatch):
     monkeypatch.setattr(attention, "PIPELINE", True)
     monkeypatch.setattr(attention, "KT_BY_DMA", False)
     monkeypatch.setattr(attention, "PREFETCH", True)
+    monkeypatch.setattr(attention, "ROW_GROUPS", 4)
     bench = bench_serving()
-    assert bench.set_attention_flags("") == {"PIPELINE": True, "KT_BY_DMA": False, "PREFETCH": True}
-    assert bench.set_attention_flags("PIPELINE=0,KT_BY_DMA=1,PREFETCH=0") == {"PIPELINE": False, "KT_BY_DMA": True,
-                                                                               "PREFETCH": False}
+    assert bench.set_attention_flags("") == {"PIPELINE": True, "KT_BY_DMA": False, "PREFETCH": True, "ROW_GROUPS": 4}
+    assert bench.set_attention_flags("PIPELINE=0,KT_BY_DMA=1,PREFETCH=0,ROW_GROUPS=1") == {
+        "PIPELINE": False, "KT_BY_DMA": True, "PREFETCH": False, "ROW_GROUPS": 1}
     assert attention.PIPELINE is False and attention.KT_BY_DMA is True and attention.PREFETCH is False
-    for bad in ("STREAM_ABOVE=1", "PIPELINE=yes"):
+    assert attention.ROW_GROUPS == 1
+    for bad in ("STREAM_ABOVE=1", "PIPELINE=yes", "ROW_GROUPS=3"):
         with pytest.raises(SystemExit):
             bench.set_attention_flags(bad)

@@ -318,6 +318,8 @@ class Attention(ir.Instruction):
         kt_dma = kt_by_dma(Lb, Lr if r and not pos_split else 0, D, S, kvb, kv_rows, paged=bool(paged.get("paged")),
                            pos_split=pos_split)
         pg = row_groups(R, nb, r=r, paged=bool(paged.get("paged")), kt_dma=kt_dma)
+        if pg > 1 and f"fold_{pg}x{R}" not in ctx.consts:  # constants() decided otherwise: never fold without it
+            raise CodegenError(f"attention: {pg} row groups of {R} rows without their fold matrix")
         scratch = _stream_scratch(Lb, D, G, S, kvb, qb, nbytes(self.mask.dtype), qb if exact else 4, pos_split, HC,
                                   pg)
         pipe = PIPELINE and more and not paged.get("paged") and not (r and not pos_split)

@@ -158,6 +158,10 @@ class PagedAttention(Attention):
                            nbytes(self.mask.dtype), nbytes(self.q.dtype) if exact else 4,
                            block=self.block or min(L, BLOCK_MAX, PAGED_BLOCK_MAX))
 
+    def constants(self, ctx: Context) -> dict[str, ir.Constant]:
+        """None: paged gathers keep one row group (no fold matrix, see ``attention.row_groups``)."""
+        return {}
+
     def setup(self, ctx: Context) -> list[str]:
         out = _tile(ctx, self.table, ctx.tokens * self.table.shape[1], "kv_table")[0]
         return out + (self._extent_tile(ctx)[0] if self.extent is not None else [])

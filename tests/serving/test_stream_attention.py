@@ -307,3 +307,14 @@ def test_row_groups_fill_the_partitions_of_a_one_kv_head_core(dtype, lnc, pipe, 
     assert "row groups' states" not in gen1.source
     tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(res["out_o"].float(), res1["out_o"].float(), **tol)
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_row_groups_with_heads_of_256_and_soft_capping(lnc):
+    """Row groups with heads of 256 features (two partition tiles per head: q.k^T accumulates over them, the fold
+    moves 257 columns) and Gemma 2's soft-capping, bf16, one kv head (LNC=2: the block split)."""
+    L, Hq, Hkv, D = 4096, 8, 1, 256
+    b = _program(torch.bfloat16, [5, 2000, L - 1], L, Hq, Hkv, D, block=1024, softcap=30.0)
+    gen, res, ref, _ = b.run(lnc=lnc)
+    assert "the 4 row groups' states" in gen.source
+    _check(b, gen, res, ref, Hq, Hkv, D, torch.bfloat16, softcap=30.0)

@@ -39,7 +39,7 @@ keeps fp32 (the match's ``variant``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -161,14 +161,21 @@ def kt_by_dma(Lb: int, Lr: int, D: int, split: int, kvb: int, rows: int, *, page
     return True
 
 
-def row_groups(R: int, nb: int, *, r: int, paged: bool, kt_dma: bool) -> int:
+def row_groups(R: int, nb: int, *, r: int, paged: bool, kt_dma: bool,
+               scratch: Callable[[int], int] | None = None) -> int:
     """Row groups of a streamed block (:data:`ROW_GROUPS`): the most, up to it, with at most 128 rows in all that
-    divide the block's 128-position tiles (``nb``); 1 for a short first block (``r``), paged gathers and K^T by DMA
-    (its strided score read is per position row)."""
+    divide the block's 128-position tiles (``nb``) and whose block scratch (``scratch(groups)``) stays within
+    :data:`STREAM_SCRATCH_MAX` (or within one group's, if that is above it: the zero-padded q and P^T grow with the
+    groups); 1 for a short first block (``r``), paged gathers and K^T by DMA (its strided score read is per
+    position row)."""
     if r or paged or kt_dma:
         return 1
-    return max(g for g in range(1, ROW_GROUPS + 1) if g == 1 or (g * R <= PMAX and nb % g == 0 and PMAX % g == 0
-                                                                 and (PMAX // g) % 32 == 0))
+    fits = [g for g in range(1, ROW_GROUPS + 1) if g == 1 or (g * R <= PMAX and nb % g == 0 and PMAX % g == 0
+                                                              and (PMAX // g) % 32 == 0)]
+    if scratch is not None:
+        limit = max(STREAM_SCRATCH_MAX, scratch(1))
+        fits = [g for g in fits if scratch(g) <= limit]
+    return max(fits)
 
 
 def fold_matrix(R: int, groups: int) -> torch.Tensor:
@@ -215,18 +222,23 @@ class Attention(ir.Instruction):
                            pos_split=ctx.lnc == 2 and not ctx.split(Hkv), block=self.block,
                            heads=head_group(ctx.split(Hkv) or Hkv, self.groups))
 
-    def _groups(self, ctx: Context) -> tuple[int, int]:
-        """(rows R of a head group, row groups) of the streamed template; (R, 1) when it does not stream."""
+    def _groups(self, ctx: Context, Lb: int = 0, paged: bool = False) -> tuple[int, int]:
+        """(rows R of a head group, row groups) of the streamed template in blocks of ``Lb`` (0: the plan's); (R, 1)
+        when it does not stream. The one place both the constants (the fold matrix) and the emitter ask."""
         Hkv, L, D = self.kv_dims()
-        R = head_group(ctx.split(Hkv) or Hkv, self.groups) * self.groups
+        HC = head_group(ctx.split(Hkv) or Hkv, self.groups)
+        R = HC * self.groups
         plan = self._plan(ctx)
-        if plan is None:
+        if plan is None or paged:
             return R, 1
-        Lb = plan[0]
+        Lb = Lb or plan[0]
         pos_split = ctx.lnc == 2 and not ctx.split(Hkv)
-        kt = kt_by_dma(Lb, 0, D, ctx.layout(self.q).split, nbytes(self.k_cache.dtype), self.k_cache.shape[0] * Hkv * L,
-                       paged=False, pos_split=pos_split)
-        return R, row_groups(R, Lb // PMAX, r=L % Lb, paged=False, kt_dma=kt)
+        S, kvb, qb = ctx.layout(self.q).split, nbytes(self.k_cache.dtype), nbytes(self.q.dtype)
+        exact = self.q.dtype != torch.float32 and self.rounding == "eager"
+        kt = kt_by_dma(Lb, 0, D, S, kvb, self.k_cache.shape[0] * Hkv * L, paged=False, pos_split=pos_split)
+        return R, row_groups(R, Lb // PMAX, r=L % Lb, paged=False, kt_dma=kt,
+                             scratch=lambda g: _stream_scratch(Lb, D, self.groups, S, kvb, qb, nbytes(self.mask.dtype),
+                                                               qb if exact else 4, pos_split, HC, g))
 
     def constants(self, ctx: Context) -> dict[str, ir.Constant]:
         """The fold matrix of the row groups (:func:`fold_matrix`), when a streamed block has more than one."""
@@ -317,7 +329,7 @@ class Attention(ir.Instruction):
         kv_rows = self.k_cache.shape[0] * Hkv * L
         kt_dma = kt_by_dma(Lb, Lr if r and not pos_split else 0, D, S, kvb, kv_rows, paged=bool(paged.get("paged")),
                            pos_split=pos_split)
-        pg = row_groups(R, nb, r=r, paged=bool(paged.get("paged")), kt_dma=kt_dma)
+        pg = self._groups(ctx, Lb, paged=bool(paged.get("paged")))[1]
         if pg > 1 and f"fold_{pg}x{R}" not in ctx.consts:  # constants() decided otherwise: never fold without it
             raise CodegenError(f"attention: {pg} row groups of {R} rows without their fold matrix")
         scratch = _stream_scratch(Lb, D, G, S, kvb, qb, nbytes(self.mask.dtype), qb if exact else 4, pos_split, HC,

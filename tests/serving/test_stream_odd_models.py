@@ -25,7 +25,8 @@ def test_odd_cache_length_decodes_like_eager_in_one_kernel(family, L, batch):
     layers = 2
     assert src.count("cache positions streamed in blocks of") == layers
     assert src.count("only the blocks up to each sequence's position") == layers
-    assert src.count(ODD) == layers
+    # per layer: the short block's mask in sequence 0's early read (attention.PREFETCH), and in the other sequences'
+    assert src.count(ODD) == layers * (2 if batch > 1 else 1)
 
 
 def _decode_lnc2(case, steps):
@@ -45,7 +46,8 @@ def _decode_lnc2(case, steps):
 def test_odd_cache_length_under_lnc2(family, L, kv_heads, block_split):
     """LNC=2 at odd cache lengths, padded batch 3, 8 greedy tokens equal eager in one kernel launch per step."""
     src = _decode_lnc2(padded_batch(family, L, 3, num_key_value_heads=kv_heads), steps=8)
-    assert src.count(ODD) == 2
+    # 2 layers; under a head split sequence 0's first block is read early too (attention.PREFETCH: twice per layer)
+    assert src.count(ODD) == 2 * (1 if block_split else 2)
     assert (src.count("the blocks split between the two cores") == 2) == block_split
     assert (src.count("after the combine") == 2) == block_split
 

@@ -53,8 +53,12 @@ from ..render import nl_dtype
 
 V = ir.ValueKind
 
-#: caches longer than this are streamed (flash-decoding); up to it the single-pass template keeps the whole row
-STREAM_ABOVE = 2048
+#: caches longer than this are streamed (flash-decoding); up to it the single-pass template keeps the whole row.
+#: 1024: at 2,048 positions the streamed template is modeled faster on one core (Qwen3-30B-A3B 290 -> 250 us/layer,
+#: Llama-3-8B 959 -> 885) and on TP ranks (Qwen3 rank 71.7 -> 63.9, Llama rank at batch 8 274 -> 198); at 640 a
+#: TP rank with one kv head under LNC=2 (blocks of 128 split between the cores) is modeled slower streamed (58.6 ->
+#: 63.4), so short caches keep the single pass (docs/serving.md, "Benchmark")
+STREAM_ABOVE = 1024
 #: the largest streamed block, in positions (one K and one V DMA of Lb x head_dim per block and kv head)
 BLOCK_MAX = 2048
 #: the largest SBUF scratch per partition a streamed block may take (a smaller block is chosen above it)

@@ -6,8 +6,9 @@
 
 For every model, cache length and batch: the full-size config on the meta device (``fusegraph.api``: capture,
 match, lower, generate, exactly the pipeline's kernel), profiled in the interpreter's shape-only mode with the
-step's cache position assumed at the *end* of the cache (``kv_index = L - 1``: every sequence's context is the
-whole cache, so a streamed attention reads every block; the default shape-only assumption, position 0, would
+step's cache position assumed at the *end* of the cache (``kv_index = L - 1``,
+``codegen.ops.attention.position_assumption``: every sequence's context is the whole cache, so a streamed attention
+reads every block; the default shape-only assumption, position 0, would
 read one block and flatter the kernel), costed by the cost model (``fusegraph.perf``, sourced parameters only).
 ``--layers`` decoder layers are built (the per-partition SBUF peak does not depend on the layer count); the
 full-model time is extrapolated as the kernel's non-layer time plus the per-layer time times the model's layer
@@ -18,7 +19,7 @@ count. A configuration the pipeline refuses is a row ``not run: <reason>``.
 
 ``--tp``: the same rows on the tensor-parallel configuration, one rank each (``fusegraph.modelperf.tp``: HF
 ``tp_plan="auto"`` on the meta device, rank 0 of torch's fake process group, the executor's kernels with their
-collectives, profiled shape-only at ``kv_index = L - 1``); the same ``--layers`` build and extrapolation.
+collectives, profiled shape-only at ``kv_index = L - 1`` (``position_assumption``)); the same ``--layers`` build and extrapolation.
 
 ``--attention PIPELINE=0`` / ``KT_BY_DMA=1`` / ``PREFETCH=0`` / ``ROW_GROUPS=1``: the same rows with the streamed
 attention's block loop one block at a time / K^T by DMA transpose / the first block read after the layer's KV write /

@@ -226,6 +226,14 @@ class Attention(ir.Instruction):
                            pos_split=ctx.lnc == 2 and not ctx.split(Hkv), block=self.block,
                            heads=head_group(ctx.split(Hkv) or Hkv, self.groups))
 
+    def _scratch(self, ctx: Context, Lb: int, heads: int, pos_split: bool, pg: int = 1) -> int:
+        """SBUF bytes per partition of this attention's streamed block (:func:`_stream_scratch` with its dtypes)."""
+        D = self.kv_dims()[2]
+        qb = nbytes(self.q.dtype)
+        exact = self.q.dtype != torch.float32 and self.rounding == "eager"
+        return _stream_scratch(Lb, D, self.groups, ctx.layout(self.q).split, nbytes(self.k_cache.dtype), qb,
+                               nbytes(self.mask.dtype), qb if exact else 4, pos_split, heads, pg)
+
     def _groups(self, ctx: Context, Lb: int = 0, paged: bool = False) -> tuple[int, int]:
         """(rows R of a head group, row groups) of the streamed template in blocks of ``Lb`` (0: the plan's); (R, 1)
         when it does not stream. The one place both the constants (the fold matrix) and the emitter ask."""
@@ -237,12 +245,10 @@ class Attention(ir.Instruction):
             return R, 1
         Lb = Lb or plan[0]
         pos_split = ctx.lnc == 2 and not ctx.split(Hkv)
-        S, kvb, qb = ctx.layout(self.q).split, nbytes(self.k_cache.dtype), nbytes(self.q.dtype)
-        exact = self.q.dtype != torch.float32 and self.rounding == "eager"
-        kt = kt_by_dma(Lb, 0, D, S, kvb, self.k_cache.shape[0] * Hkv * L, paged=False, pos_split=pos_split)
+        kt = kt_by_dma(Lb, 0, D, ctx.layout(self.q).split, nbytes(self.k_cache.dtype),
+                       self.k_cache.shape[0] * Hkv * L, paged=False, pos_split=pos_split)
         return R, row_groups(R, Lb // PMAX, r=L % Lb, paged=False, kt_dma=kt,
-                             scratch=lambda g: _stream_scratch(Lb, D, self.groups, S, kvb, qb, nbytes(self.mask.dtype),
-                                                               qb if exact else 4, pos_split, HC, g))
+                             scratch=lambda g: self._scratch(ctx, Lb, HC, pos_split, g))
 
     def constants(self, ctx: Context) -> dict[str, ir.Constant]:
         """The fold matrix of the row groups (:func:`fold_matrix`), when a streamed block has more than one."""
@@ -336,8 +342,7 @@ class Attention(ir.Instruction):
         pg = self._groups(ctx, Lb, paged=bool(paged.get("paged")))[1]
         if pg > 1 and f"fold_{pg}x{R}" not in ctx.consts:  # constants() decided otherwise: never fold without it
             raise CodegenError(f"attention: {pg} row groups of {R} rows without their fold matrix")
-        scratch = _stream_scratch(Lb, D, G, S, kvb, qb, nbytes(self.mask.dtype), qb if exact else 4, pos_split, HC,
-                                  pg)
+        scratch = self._scratch(ctx, Lb, HC, pos_split, pg)
         pipe = PIPELINE and more and not paged.get("paged") and not (r and not pos_split)
         chunks = tiles(Lb // pg, MOVING_MAX)
         # pipelined: the block's score chunks are all live in PSUM at once (evicted after the previous block's softmax)

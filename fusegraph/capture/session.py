@@ -27,6 +27,16 @@ from .paths import ModelPaths
 log = logging.getLogger(__name__)
 
 
+def version_of(t: torch.Tensor) -> int | None:
+    """``t``'s version counter, or None for an inference tensor (made under ``torch.inference_mode()``), which
+    has none. Linking uses the counter to prove no Python glue wrote the tensor between two graphs; an inference
+    tensor can still be written in place inside inference mode, so without a counter nothing is proven and the
+    link is not glue-free (a conservative answer: a region is then not fused across that break)."""
+    if t.is_inference():
+        return None
+    return t._version
+
+
 @dataclass
 class Refusal:
     graph_index: int
@@ -87,7 +97,7 @@ class CaptureSession:
         rec = []
         for t in outs:
             if isinstance(t, torch.Tensor):
-                rec.append((weakref.ref(t), t._version))
+                rec.append((weakref.ref(t), version_of(t)))
             else:
                 rec.append(None)
         self._last_outputs[graph_index] = rec
@@ -101,7 +111,7 @@ class CaptureSession:
             for g, rec in self._last_outputs.items():
                 for k, r in enumerate(rec):
                     if r is not None and r[0]() is t:
-                        found[pos] = (g, k, t._version == r[1])
+                        found[pos] = (g, k, r[1] is not None and version_of(t) == r[1])
                         break
                 if pos in found:
                     break

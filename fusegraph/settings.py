@@ -31,8 +31,12 @@ class FusegraphOptionError(ValueError):
     """An option name or value fusegraph does not accept."""
 
 
-def _opt(default: Any, doc: str, choices: tuple[Any, ...] | None = None) -> Any:
-    meta = {"doc": doc, "choices": choices}
+def _opt(default: Any, doc: str, choices: tuple[Any, ...] | None = None, *, ge: float | None = None,
+         gt: float | None = None, multiple_of: int | None = None) -> Any:
+    """One Settings field: its default, its user documentation and what values it accepts (``choices``, a lower
+    bound ``ge``/``gt``, ``multiple_of``). Why declarative: the checks, the error message naming the option and the
+    documentation come from one place, so a bound that would break codegen can not be forgotten in one of them."""
+    meta = {"doc": doc, "choices": choices, "ge": ge, "gt": gt, "multiple_of": multiple_of}
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable defaults are not allowed in Settings")
     return field(default=default, metadata=meta)
@@ -80,14 +84,16 @@ class Settings:
     )
     llm_model: str = _opt("", "Model name sent to the LLM endpoint (also part of the kernel cache key).")
     llm_max_rounds: int = _opt(
-        2, "Repair rounds after the first answer: a rejected kernel's concrete error is sent back this many times."
+        2, "Repair rounds after the first answer: a rejected kernel's concrete error is sent back this many times.",
+        ge=0,
     )
-    llm_timeout_s: float = _opt(120.0, "Timeout of one chat request to the LLM endpoint, in seconds.")
-    llm_max_tokens: int = _opt(4096, "Completion token limit of one chat request.")
+    llm_timeout_s: float = _opt(120.0, "Timeout of one chat request to the LLM endpoint, in seconds.", gt=0)
+    llm_max_tokens: int = _opt(4096, "Completion token limit of one chat request.", ge=1)
     llm_run_timeout_s: float = _opt(
-        60.0, "Wall-clock limit of one verification run of an LLM-written kernel (separate process), in seconds."
+        60.0, "Wall-clock limit of one verification run of an LLM-written kernel (separate process), in seconds.",
+        gt=0,
     )
-    llm_run_memory_mb: int = _opt(4096, "Address-space limit of the verification process, in MiB.")
+    llm_run_memory_mb: int = _opt(4096, "Address-space limit of the verification process, in MiB.", ge=1)
     llm_cache_dir: str = _opt(
         "", "Directory of accepted LLM-written kernels ('' = $XDG_CACHE_HOME/fusegraph/llm-kernels or ~/.cache/...)."
     )
@@ -104,17 +110,22 @@ class Settings:
         1e-4,
         "Largest accepted |kernel - eager| relative to the largest |eager| value of each output (fp32; bf16 "
         "outputs get 2e-2, the bf16 rounding step).",
+        ge=0,
     )
     dump_dir: str = _opt("", "Write each generated kernel's NKI source to this directory, named by region ('' = no dump).")
     cache_dir: str = _opt(
         "",
-        "On-disk cache of generated kernels, keyed by region structure, shapes, dtypes, target and the hashes of "
-        "the patterns/templates used; every entry carries a content hash checked on load ('' = "
-        "$XDG_CACHE_HOME/fusegraph/kernels or ~/.cache/fusegraph/kernels; 'off' disables it).",
+        "On-disk cache of generated kernels, keyed by region structure, shapes, dtypes, target, the codegen "
+        "options and the hashes of the patterns/templates used; a private directory (0700, refused when another "
+        "user owns it or can write it), every entry authenticated on load with a per-user HMAC key kept outside "
+        "it (~/.config/fusegraph/cache.key) ('' = $XDG_CACHE_HOME/fusegraph/kernels or ~/.cache/fusegraph/kernels; "
+        "'off' disables it).",
     )
-    weight_buffers: int = _opt(4, "SBUF ring buffers weight chunks stream through (DMAs are issued this many chunks minus one ahead).")
-    weight_chunk_kib: int = _opt(16, "Target size of one streamed weight chunk, in KiB per partition.")
-    sbuf_budget: int = _opt(0, "Usable SBUF bytes per partition (0 = the target's SBUF minus a 16 KiB reserve).")
+    weight_buffers: int = _opt(
+        4, "SBUF ring buffers weight chunks stream through (DMAs are issued this many chunks minus one ahead).", ge=2)
+    weight_chunk_kib: int = _opt(16, "Target size of one streamed weight chunk, in KiB per partition.", ge=1)
+    sbuf_budget: int = _opt(
+        0, "Usable SBUF bytes per partition (0 = the target's SBUF minus a 16 KiB reserve).", ge=0)
     generic_lowering: bool = _opt(
         True,
         "Lower unmatched elementwise chains and feature-axis reductions (a custom activation or norm) without a "
@@ -126,11 +137,49 @@ class Settings:
         "two physical cores of a logical core (halves exchanged with sendrecv), 1 runs on one core.",
         (1, 2),
     )
+    # ---- decode attention templates (codegen/ops/attention.py, docs/serving.md); part of the kernel cache key;
+    # also accepted nested as options={"attn": {"pipeline": False, ...}}
+    attn_stream_above: int = _opt(
+        1024,
+        "Static caches longer than this many positions use the streamed (flash-decoding) attention template; up to "
+        "it the single-pass template keeps the whole score row in SBUF.",
+        ge=0,
+    )
+    attn_block_max: int = _opt(
+        2048, "Largest streamed attention block, in cache positions (one K and one V DMA per block and kv head).",
+        ge=128, multiple_of=128,
+    )
+    attn_paged_block_max: int = _opt(
+        512, "Largest streamed block of paged attention, in positions (a block is read whole, so a smaller one reads "
+        "fewer positions past a sequence's end).", ge=128, multiple_of=128,
+    )
+    attn_stream_scratch_kib: int = _opt(
+        64, "Largest SBUF scratch per partition one streamed attention block may take, in KiB (a smaller block is "
+        "chosen above it).", ge=1,
+    )
+    attn_pipeline: bool = _opt(
+        True, "Software-pipeline the streamed block loop: block k's scores are computed while block k - 1's softmax "
+        "and P.V run (caches a multiple of the block, not paged).",
+    )
+    attn_prefetch: bool = _opt(
+        True, "Read sequence 0's first streamed block at the start of the layer, before its KV write (read again "
+        "after it only when this step's row falls in it; position-bounded, head split, not paged).",
+    )
+    attn_kt_by_dma: bool = _opt(
+        False, "Take K^T of a streamed block by an indirect dma_transpose instead of Tensor-engine transposes "
+        "(2-byte caches, heads of at most 128, head split, not paged); off: modeled slower when DMA-bound.",
+    )
+    attn_row_groups: int = _opt(
+        4, "At most this many row groups share a streamed score tile (a core with few query rows fills more "
+        "partitions, each softmax instruction runs over Lb / groups columns); 1 turns it off.",
+        (1, 2, 4),
+    )
     # ---- matching and regions (names as in Torch-TensorRT where one exists) ----------------------------------
     min_region_size: int = _opt(
         5,
         "Fused regions with fewer ATen ops than this are dissolved and left to the fallback path (Torch-TensorRT's "
         "min_block_size); ignored with require_full_compilation.",
+        ge=0,
     )
     fallback_ops: tuple[str, ...] = _opt(
         (),
@@ -151,6 +200,13 @@ class Settings:
         "A pattern name or program node id (comma-separated for several): log why that pattern did not match, or "
         "why nothing matched at that node (first failing node/edge/check).",
     )
+
+    def __post_init__(self) -> None:
+        """``Settings(weight_buffers=1)`` (no :meth:`from_options`) is held to the same declared bounds."""
+        for f in dataclasses.fields(self):
+            problem = _range_problem(f, getattr(self, f.name))
+            if problem:
+                raise FusegraphOptionError(f"fusegraph option {f.name!r} must be {problem}; got {getattr(self, f.name)!r}")
 
     # ---- derived helpers -------------------------------------------------------------------------------
     @classmethod
@@ -189,7 +245,7 @@ class Settings:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
 
 
-NESTED_GROUPS: tuple[str, ...] = ("llm",)
+NESTED_GROUPS: tuple[str, ...] = ("llm", "attn")
 """Option groups that may also be given as a nested dict: ``{"llm": {"url": u}}`` is ``{"llm_url": u}``."""
 
 
@@ -237,10 +293,10 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
             elif not isinstance(value, bool):
                 raise ValueError(value)
         elif kind is int:
+            value = _as_int(value)
+        elif kind is float:
             if isinstance(value, bool):
                 raise ValueError(value)
-            value = int(value)
-        elif kind is float:
             value = float(value)
         elif kind is str:
             if value is None:
@@ -258,7 +314,48 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise FusegraphOptionError(f"fusegraph option {name!r} must be one of {', '.join(map(str, choices))}; got {value!r}")
+    problem = _range_problem(f, value)
+    if problem:
+        raise FusegraphOptionError(f"fusegraph option {name!r} must be {problem}; got {value!r}")
     return value
+
+
+def _as_int(value: Any) -> int:
+    """An int option's value: an int, an integral float (``2.0``) or a decimal string. Why strict: ``int(2.9)``
+    silently truncates, and an option the user did not get is worse than an error naming it."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(value)
+        return int(value)
+    if isinstance(value, str):
+        return int(value.strip())
+    raise ValueError(value)
+
+
+def _range_problem(f: dataclasses.Field, value: Any) -> str:
+    """What the field's declared bounds require that ``value`` lacks ('' when it is in range; NaN never is)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return ""
+    ge, gt, mult = f.metadata.get("ge"), f.metadata.get("gt"), f.metadata.get("multiple_of")
+    if ge is not None and not value >= ge:
+        return f">= {ge}"
+    if gt is not None and not value > gt:
+        return f"> {gt}"
+    if mult and value % mult:
+        return f"a multiple of {mult}"
+    return ""
+
+
+def _bounds_doc(f: dataclasses.Field) -> str:
+    """The accepted range as a sentence for the documentation ('' when unbounded)."""
+    ge, gt, mult = f.metadata.get("ge"), f.metadata.get("gt"), f.metadata.get("multiple_of")
+    parts = ([f">= {ge}"] if ge is not None else []) + ([f"> {gt}"] if gt is not None else []) + \
+        ([f"a multiple of {mult}"] if mult else [])
+    return f" Must be {', '.join(parts)}." if parts else ""
 
 
 def describe_options(markdown: bool = False) -> str:
@@ -268,12 +365,15 @@ def describe_options(markdown: bool = False) -> str:
         rows = ["| option | default | environment | what it does |", "|---|---|---|---|"]
         for f in fields:
             choices = f.metadata.get("choices")
-            doc = f.metadata["doc"] + (f" One of: {', '.join(f'`{c}`' for c in choices)}." if choices else "")
+            doc = f.metadata["doc"] + (f" One of: {', '.join(f'`{c}`' for c in choices)}." if choices else "") + \
+                _bounds_doc(f)
             rows.append(f"| `{f.name}` | `{f.default!r}` | `{ENV_PREFIX}{f.name.upper()}` | {doc} |")
         return "\n".join(rows)
     lines = []
     for f in fields:
         choices = f.metadata.get("choices")
         extra = f" (one of: {', '.join(map(str, choices))})" if choices else ""
+        bounds = _bounds_doc(f)
+        extra += f" ({bounds.strip().rstrip('.').lower()})" if bounds else ""
         lines.append(f"{f.name} = {f.default!r}{extra}\n    env {ENV_PREFIX}{f.name.upper()}\n    {f.metadata['doc']}")
     return "\n".join(lines)

@@ -12,11 +12,29 @@ import os
 import threading
 from typing import Any
 
+from ..warnings import warn
 from .errors import NkiSyncError
 
 
+SYNC_TIMEOUT_ENV = "FUSEGRAPH_NKISIM_SYNC_TIMEOUT"
+DEFAULT_SYNC_TIMEOUT = 60.0
+
+
 def default_timeout() -> float:
-    return float(os.environ.get("FUSEGRAPH_NKISIM_SYNC_TIMEOUT", "60"))
+    """The rendezvous timeout from ``FUSEGRAPH_NKISIM_SYNC_TIMEOUT`` (seconds, default 60). Why lenient: a typo in
+    a deployment's environment must not fail a forward pass at its first collective with an error that does not
+    name the variable; a value that is not a positive finite number warns once (naming it) and the default is used."""
+    raw = os.environ.get(SYNC_TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_SYNC_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        warn(f"{SYNC_TIMEOUT_ENV}={raw!r} is not a positive number of seconds; using {DEFAULT_SYNC_TIMEOUT:g}")
+        return DEFAULT_SYNC_TIMEOUT
+    return value
 
 
 class SyncHub:

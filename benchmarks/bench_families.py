@@ -1,10 +1,12 @@
 """How far fusegraph gets on HF decoder families beyond the bundled ones (tiny configs, random weights).
 
-    python benchmarks/bench_families.py [--families Mistral,Phi3,...] [--steps 5] [--out bench-results/families.json]
+    python benchmarks/bench_families.py [--families Mistral,Phi3,...] [--steps 5] [--tied both|tied|untied]
+        [--out bench-results/families.json]
 
 Per family: greedy tokens equal to eager, worst logit error relative to the logit scale, kernel launches in the
 latest step, which executors ran its regions, how many versions of the step dynamo compiled, and the fusegraph
-warnings (each names why a region stayed on the eager path). Each family runs in a fresh process.
+warnings (each names why a region stayed on the eager path). Each family runs in a fresh process, with untied
+and with tied embeddings (``tie_word_embeddings``: the default of many small real models) unless ``--tied`` says.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ FAMILIES = ["Llama", "Qwen2", "Qwen3", "Qwen3Moe", "Mistral", "Mixtral", "Phi3",
             "Apertus", "Arcee", "HunYuanDenseV1", "SeedOss", "Glm", "Cohere", "GptOss", "GPTNeoX", "Ernie4_5"]
 
 
-def measure(family: str, steps: str = "5") -> dict:
+def measure(family: str, steps: str = "5", tied: str = "0") -> dict:
     import time
     import warnings
 
@@ -31,9 +33,9 @@ def measure(family: str, steps: str = "5") -> dict:
     from fusegraph.models import build_family_decode, greedy_decode
 
     torch.set_num_threads(2)
-    row: dict = {"family": family}
+    row: dict = {"family": family, "tied": tied == "1"}
     try:
-        case = build_family_decode(family)
+        case = build_family_decode(family, tie_word_embeddings=tied == "1")
     except Exception as e:  # noqa: BLE001 - a family this transformers cannot build tiny is reported, not fatal
         return {**row, "error": f"build: {type(e).__name__}: {str(e)[:160]}"}
     ref = case.fork()
@@ -62,18 +64,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--steps", default="5")
+    ap.add_argument("--tied", choices=("both", "tied", "untied"), default="both",
+                    help="embeddings tied to the lm head, untied, or each family both ways (default)")
     ap.add_argument("--out", default="bench-results/families.json")
     args = ap.parse_args()
     rows = []
-    for fam in args.families.split(","):
+    ties = {"both": ("0", "1"), "tied": ("1",), "untied": ("0",)}[args.tied]
+    for fam, tied in [(f, t) for f in args.families.split(",") for t in ties]:
         try:
-            r = run_isolated("bench_families", "measure", fam, args.steps, timeout=600)
+            r = run_isolated("bench_families", "measure", fam, args.steps, tied, timeout=600)
         except Exception as e:  # noqa: BLE001
-            r = {"family": fam, "error": str(e).splitlines()[0][:160]}
+            r = {"family": fam, "tied": tied == "1", "error": str(e).splitlines()[0][:160]}
         r["warnings_n"] = len(r.get("warnings", []))
         rows.append(r)
-        print(f"{fam}: done", file=sys.stderr)
-    print_table(rows, [("family", "family"), ("tokens_equal", "tokens = eager"), ("max_rel_err", "max rel err"),
+        print(f"{fam}{' (tied)' if tied == '1' else ''}: done", file=sys.stderr)
+    print_table(rows, [("family", "family"), ("tied", "tied"), ("tokens_equal", "tokens = eager"), ("max_rel_err", "max rel err"),
                        ("launches", "launches/step"), ("executed_by", "regions run by"), ("versions", "versions"),
                        ("warnings_n", "warnings"), ("seconds", "compile+run s"), ("error", "error")])
     write_json(args.out, rows)

@@ -4,7 +4,8 @@
         [--out bench-results/families.json]
 
 Per family: greedy tokens equal to eager, worst logit error relative to the logit scale, kernel launches in the
-latest step, which executors ran its regions, how many versions of the step dynamo compiled, and the fusegraph
+latest step, the report's coverage (of what ran in kernels; a refused graph's ops count as uncovered), the
+number of refused graphs, which executors ran its regions, how many versions of the step dynamo compiled, and the fusegraph
 warnings (each names why a region stayed on the eager path). Each family runs in a fresh process, with untied
 and with tied embeddings (``tie_word_embeddings``: the default of many small real models) unless ``--tied`` says.
 """
@@ -31,6 +32,7 @@ def measure(family: str, steps: str = "5", tied: str = "0") -> dict:
     from fusegraph import FusegraphWarning
     from fusegraph.capture.session import last_session
     from fusegraph.models import build_family_decode, greedy_decode
+    from fusegraph.report import report_for_session
 
     torch.set_num_threads(2)
     row: dict = {"family": family, "tied": tied == "1"}
@@ -54,6 +56,9 @@ def measure(family: str, steps: str = "5", tied: str = "0") -> dict:
         "max_rel_err": max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(logits, logits_e)),
         "launches": sum(r.launches_per_call for r in runs),
         "executed_by": ",".join(sorted({e for r in runs for e in r.executed_by.values()})) or "eager",
+        # of what ran in kernels; the ops of a graph fusegraph refused count as uncovered (docs/report.md)
+        "coverage": round(report_for_session(session).coverage, 4) if session else 0.0,
+        "refused_graphs": len(session.refusals) if session else 0,
         "versions": len(session.superseded) + 1 if session else 0,
         "seconds": round(seconds, 2),
         "warnings": sorted({str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)}),
@@ -79,7 +84,8 @@ def main() -> None:
         rows.append(r)
         print(f"{fam}{' (tied)' if tied == '1' else ''}: done", file=sys.stderr)
     print_table(rows, [("family", "family"), ("tied", "tied"), ("tokens_equal", "tokens = eager"), ("max_rel_err", "max rel err"),
-                       ("launches", "launches/step"), ("executed_by", "regions run by"), ("versions", "versions"),
+                       ("launches", "launches/step"), ("coverage", "coverage"), ("refused_graphs", "refused"),
+                       ("executed_by", "regions run by"), ("versions", "versions"),
                        ("warnings_n", "warnings"), ("seconds", "compile+run s"), ("error", "error")])
     write_json(args.out, rows)
 

@@ -21,7 +21,7 @@ from .capture.rewrites import install_rewrites
 from .capture.rewrites.hf_layer_reuse import allow_region_fallback
 from .capture.paths import current_frame_modules
 from .capture.quantized import warn_quantized
-from .capture.session import CaptureSession, Refusal, session_for
+from .capture.session import CaptureSession, refusal_of, session_for
 from .capture.summary import summarize
 from .executors import available_executors, get_executor
 from .program.build import DynamoInput, add_graph
@@ -81,13 +81,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
         runner = on_local_shards(aten_gm, _make_runner(session, index, settings))  # DTensors: local shards
         compiled = lambda *args: runner(args)  # noqa: E731
     except CaptureRefused as refused:
-        session.refusals.append(_refusal(index, str(refused)))
+        session.refusals.append(refusal_of(index, str(refused), gm))
         warn(f"graph {index}: {refused}; running it eagerly")
         compiled = gm.forward
     except Exception as e:  # noqa: BLE001 - any capture failure must leave the user's step working
         if settings.pass_through_build_failures:
             raise
-        session.refusals.append(_refusal(index, f"{type(e).__name__}: {e}"))
+        session.refusals.append(refusal_of(index, f"{type(e).__name__}: {e}", gm))
         warn(f"graph {index}: capture failed ({one_line(e)}); running it eagerly")
         log.debug("capture failure", exc_info=True)
         compiled = gm.forward
@@ -120,10 +120,6 @@ def _report(session: CaptureSession, settings: Settings) -> None:
             json.dump(data if data is not None else summarize(session), f, indent=2, default=str)
     except OSError as e:
         warn(f"could not write the report to {settings.report}: {e}")
-
-
-def _refusal(index: int, reason: str) -> Refusal:
-    return Refusal(index, reason)
 
 
 def _make_runner(session: CaptureSession, index: int, settings: Settings) -> Callable:

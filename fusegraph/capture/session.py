@@ -20,6 +20,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..program import GraphBreak, InputKind, Link, Program, Ref
+from ..program.sources import layer_index
 from ..settings import Settings
 from .compile_context import current_compiler_fn, current_frame_compile
 from .paths import ModelPaths
@@ -39,8 +40,33 @@ def version_of(t: torch.Tensor) -> int | None:
 
 @dataclass
 class Refusal:
+    """A graph fusegraph did not take (it runs eagerly): its reason and the size of what it left uncovered.
+
+    ``ops`` counts the graph's dynamo operations (calls), ``decoder_ops`` those inside a decoder layer: a refused
+    graph is never lowered to ATen, so these are the closest measure of what the report must count as uncovered
+    (a coverage of 1.0 over the 0 ops of a step whose only graph was refused would be wrong)."""
+
     graph_index: int
     reason: str
+    ops: int = 0
+    decoder_ops: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"graph": self.graph_index, "reason": self.reason, "ops": self.ops, "decoder_ops": self.decoder_ops}
+
+
+def refusal_of(graph_index: int, reason: str, gm: Any = None) -> Refusal:
+    """The :class:`Refusal` of dynamo graph ``gm``, with its operations counted (by their module stack: those
+    under a numbered module, ``model.layers.3...``, are decoder-layer ops)."""
+    ops = decoder = 0
+    for node in getattr(getattr(gm, "graph", None), "nodes", ()):
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        ops += 1
+        stack = node.meta.get("nn_module_stack") or {}
+        if any(layer_index(path) is not None for path, _ in stack.values()):
+            decoder += 1
+    return Refusal(graph_index, reason, ops, decoder)
 
 
 @dataclass

@@ -28,7 +28,7 @@ def summarize(session: CaptureSession) -> dict[str, Any]:
         "graph_count": len(prog.graphs) + len(session.refusals),
         "breaks": [b.to_dict() for b in prog.breaks],
         "links": [l.to_dict() for l in prog.links],
-        "refused": [{"graph": r.graph_index, "reason": r.reason} for r in session.refusals],
+        "refused": [r.to_dict() for r in session.refusals],
         "op_count": sum(ops.values()),
         "ops": dict(ops.most_common()),
         "inputs": kinds,
@@ -59,7 +59,8 @@ def format_summary(s: Mapping[str, Any]) -> str:
         lines.append(f"  graph {g['index']}: {g['dynamo_nodes']} dynamo nodes -> {g['aten_nodes']} ATen ops, "
                      f"{g['inputs']} inputs, {g['outputs']} outputs, executor={g['executor']}")
     for r in s["refused"]:
-        lines.append(f"  graph {r['graph']}: left to eager PyTorch: {r['reason']}")
+        size = f" ({r['ops']} dynamo ops)" if r.get("ops") else ""
+        lines.append(f"  graph {r['graph']}{size}: left to eager PyTorch: {r['reason']}")
     if s["breaks"]:
         lines.append(f"graph breaks ({len(s['breaks'])}):")
         for b in s["breaks"]:

@@ -147,19 +147,49 @@ def _ran_in_kernels(a: Analysis) -> set[str] | None:
     return ran
 
 
-def _executed(a: Analysis, ops: list[str], layer_ops: list[str], launches: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Refused:
+    """What graphs fusegraph refused leave uncovered: they run eagerly, each one more eager segment per step."""
+
+    graphs: list[dict[str, Any]]
+    ops: int = 0
+    decoder_ops: int = 0
+
+    @classmethod
+    def of(cls, session: CaptureSession | None) -> "_Refused":
+        graphs = [r.to_dict() for r in (session.refusals if session is not None else [])]
+        return cls(graphs, sum(g["ops"] for g in graphs), sum(g["decoder_ops"] for g in graphs))
+
+    def coverage(self, ops: list[str], layer_ops: list[str], inside: Any, default: float) -> float:
+        """The fraction of the decoder layers' ops (all ops when the step has none in layers) for which
+        ``inside(node)`` holds, a refused graph's ops counting as outside; ``default`` when there is no op."""
+        if layer_ops or self.decoder_ops:
+            base, extra = layer_ops, self.decoder_ops
+        else:
+            base, extra = ops, self.ops
+        total = len(base) + extra
+        return sum(1 for n in base if inside(n)) / total if total else default
+
+    def all_ops_coverage(self, ops: list[str], inside: Any, default: float) -> float:
+        total = len(ops) + self.ops
+        return sum(1 for n in ops if inside(n)) / total if total else default
+
+
+def _executed(a: Analysis, ops: list[str], layer_ops: list[str], launches: int, refused: _Refused) -> dict[str, Any]:
     """Coverage and boundaries of what runs, not of what matched: a region whose kernel was refused, failed or
-    was disabled by verification counts as eager ops. With no kernel executor (dry run, executor 'eager') the
-    matched figures are all there is, and the report says so (``coverage_basis``)."""
+    was disabled by verification counts as eager ops, and so does every op of a graph fusegraph refused. With no
+    kernel executor (dry run, executor 'eager') the matched figures are all there is, and the report says so
+    (``coverage_basis``)."""
     ran = _ran_in_kernels(a)
     if ran is None:
-        return {"coverage": round(a.coverage, 6), "coverage_basis": "matched",
-                "boundaries_per_step": len(a.regions) + a.fallback_segments()}
+        return {"coverage": round(refused.coverage(ops, layer_ops, a.region_of.__contains__, a.coverage), 6),
+                "coverage_basis": "matched",
+                "boundaries_per_step": len(a.regions) + a.fallback_segments() + len(refused.graphs)}
     G = a.program.graph
-    base = layer_ops or ops
-    cov = sum(1 for n in base if n in ran) / len(base) if base else 0.0
+    cov = refused.coverage(ops, layer_ops, ran.__contains__, 0.0)
     eager = [n for n in ops if n not in ran and G.nodes[n]["op"] != "aten.alias.default"]
     segments = nx.number_connected_components(G.subgraph(eager).to_undirected(as_view=True)) if eager else 0
+    segments += len(refused.graphs)
     return {"coverage": round(cov, 6), "coverage_basis": "executed", "boundaries_per_step": launches + segments,
             "eager_segments": segments}
 
@@ -189,16 +219,19 @@ def build_report(analysis: Analysis, session: CaptureSession | None = None, extr
     decisions = [d.to_dict() for d in a.decisions]
     counts = Counter(d["action"] for d in decisions)
     breaks = _breaks(a)
-    fallback_segments = a.fallback_segments()
+    refused = _Refused.of(session)
+    fallback_segments = a.fallback_segments() + len(refused.graphs)
     execution = _execution(a, [r.to_dict() for r in a.regions])
-    executed = _executed(a, ops, layer_ops, execution["kernel_launches_per_step"])
+    executed = _executed(a, ops, layer_ops, execution["kernel_launches_per_step"], refused)
     data: dict[str, Any] = {
         "schema": SCHEMA,
         "coverage": executed["coverage"],
         "coverage_basis": executed["coverage_basis"],
-        "coverage_matched": round(a.coverage, 6),
+        "coverage_matched": round(refused.coverage(ops, layer_ops, a.region_of.__contains__, a.coverage), 6),
         "coverage_by_layer": {str(k): round(v, 6) for k, v in a.coverage_by_layer.items()},
-        "coverage_all_ops": round(a.coverage_all, 6),
+        "coverage_all_ops": round(refused.all_ops_coverage(ops, a.region_of.__contains__, a.coverage_all), 6),
+        "refused_graphs": refused.graphs,
+        "refused_op_count": refused.ops,
         "op_count": len(ops),
         "decoder_op_count": len(layer_ops),
         "ops_in_regions": in_regions,

@@ -61,9 +61,22 @@ def _coverage_line(r: Mapping[str, Any]) -> str:
             f"{r['boundaries_per_step']} boundaries (launches) per step")
 
 
+def _refused_lines(refused: list[Mapping[str, Any]]) -> list[str]:
+    """Graphs fusegraph did not take: uncovered (they count against coverage), with their reasons."""
+    if not refused:
+        return []
+    lines = [f"graphs left to eager PyTorch ({len(refused)}; their ops count as uncovered):"]
+    for g in refused:
+        lines.append(f"  graph {g['graph']} ({g.get('ops', 0)} dynamo ops, {g.get('decoder_ops', 0)} in decoder layers): "
+                     f"{g['reason']}")
+    return lines
+
+
 def format_report(r: Mapping[str, Any], max_unmatched: int = 30, max_decisions: int = 12) -> str:
     lines = [
-        f"fused-region report: {r['layers']} decoder layers, {r['graphs']} graph(s), {r['op_count']} ATen ops",
+        f"fused-region report: {r['layers']} decoder layers, {r['graphs']} graph(s), {r['op_count']} ATen ops"
+        + (f" ({len(r['refused_graphs'])} more graph(s) refused: {r['refused_op_count']} dynamo ops uncovered)"
+           if r.get("refused_graphs") else ""),
         _coverage_line(r),
     ]
     if r.get("kernels"):
@@ -122,6 +135,7 @@ def format_report(r: Mapping[str, Any], max_unmatched: int = 30, max_decisions: 
             lines.append(f"  ... {len(un) - max_unmatched} more groups (see the JSON report)")
     else:
         lines.append("unmatched ops: none")
+    lines += _refused_lines(r.get("refused_graphs", []))
     if r["breaks"]:
         lines.append(f"graph breaks ({len(r['breaks'])}):")
         for b in r["breaks"]:

@@ -3,8 +3,9 @@
 model with ``tp / num_kv_heads`` consecutive copies of each KV head, which HF's ``tp_plan="auto"`` then shards
 one whole head per rank.
 
-Single process (default suite, seconds): the replicated model equals the original **bit for bit** in fp32 (eager
-attention; prefill and 3 decode steps, logits and KV caches), through each route (model in place, state dict +
+Single process (default suite, seconds): the replicated model equals the original in fp32 to rounding (eager
+attention; prefill and 3 decode steps, logits and KV caches; 1e-5 x scale: the k/v projections are GEMMs of
+another width, which a BLAS may round differently, see ``ROUNDING``), through each route (model in place, state dict +
 config, checkpoint directory); the copies are in HF's ``repeat_kv`` order (a tiled order is shown to change the
 logits, so the equality test can fail); refusals are one-line ``ValueError``s. Under torchrun (slow): a tiny
 Llama with 2 KV heads, replicated to 4 and loaded with ``tp_plan="auto"`` on 4 ranks, compiled with
@@ -58,20 +59,32 @@ def _decode(model, steps: int = STEPS):
     return out, cache
 
 
+#: the replicated k/v projections are GEMMs of another output width ([256, 256] instead of [128, 256]): the same
+#: dot products, but a BLAS may block (and so round) them differently per shape; observed bit-equal here and 2.98e-07
+#: apart on another x86 CPU (logits of scale ~1). 1e-5 x scale is ~100 ulp of margin and 1000x below what a wrong
+#: head order changes (test_repeat_order_is_repeat_kv_grouping)
+ROUNDING = 1e-5
+
+
+def _max_rel_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    return (x - y).abs().max().item() / max(x.abs().max().item(), 1.0)
+
+
 def _assert_identical(original, replicated, factor: int) -> None:
+    """Equal to rounding (:data:`ROUNDING`): logits of prefill and every decode step, and the KV caches."""
     (a, ca), (b, cb) = _decode(original), _decode(replicated)
     for step, (x, y) in enumerate(zip(a, b)):
-        assert torch.equal(x, y), (step, (x - y).abs().max().item())
+        assert x.shape == y.shape and _max_rel_diff(x, y) <= ROUNDING, (step, (x - y).abs().max().item())
     for la, lb in zip(ca.layers, cb.layers):  # the replicated cache: head j holds original head j // factor
         assert lb.keys.shape[1] == la.keys.shape[1] * factor
-        assert torch.equal(la.keys.repeat_interleave(factor, dim=1), lb.keys)
-        assert torch.equal(la.values.repeat_interleave(factor, dim=1), lb.values)
+        assert _max_rel_diff(la.keys.repeat_interleave(factor, dim=1), lb.keys) <= ROUNDING
+        assert _max_rel_diff(la.values.repeat_interleave(factor, dim=1), lb.values) <= ROUNDING
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_replicated_model_is_bit_identical(family: str) -> None:
+def test_replicated_model_is_identical(family: str) -> None:
     """2 KV heads replicated for TP=4 (in place, on the model): 4 KV heads, k/v_proj [256, 256], attention groups
-    2 -> 1; logits of prefill and every decode step bit-equal to the original in fp32 (Qwen3: its k_norm has
+    2 -> 1; logits of prefill and every decode step equal to the original in fp32 to rounding (Qwen3: its k_norm has
     head_dim weights, shared by all heads, and stays as it is)."""
     original = _tiny(family)
     replicated = fusegraph.replicate_kv_heads(copy.deepcopy(original), 4)
@@ -87,7 +100,7 @@ def test_replicated_model_is_bit_identical(family: str) -> None:
 def test_repeat_order_is_repeat_kv_grouping(monkeypatch: pytest.MonkeyPatch) -> None:
     """Query head h read original KV head h // 2 (4 q / 2 KV); after TP=4 replication it reads KV head h // 1,
     which must hold the same rows. The same rows tiled (head j = original j % 2) pair query heads with the wrong
-    heads: the logits change, so the bit-equality above can fail."""
+    heads: the logits change far beyond rounding, so the equality above can fail."""
     original = _tiny("Llama", num_attention_heads=8, num_key_value_heads=2, head_dim=32)
     replicated = fusegraph.replicate_kv_heads(copy.deepcopy(original), 4)  # groups 4 -> 2
     hd = 32
@@ -103,7 +116,7 @@ def test_repeat_order_is_repeat_kv_grouping(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(kvr, "repeat_heads", tiled)
     wrong = fusegraph.replicate_kv_heads(copy.deepcopy(original), 4)
-    assert not torch.equal(_decode(original, 0)[0][0], _decode(wrong, 0)[0][0])
+    assert _max_rel_diff(_decode(original, 0)[0][0], _decode(wrong, 0)[0][0]) > 1000 * ROUNDING
 
 
 def test_state_dict_route_and_bias() -> None:

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from fusegraph.warnings import one_line as _one_line
+
 from . import ir
 from .errors import CodegenError
 from .registry import host_side_templates, lowering_for
@@ -341,6 +343,12 @@ def lower_region(program: Any, region: Any, tokens: int, name: str = "fusegraph_
             if e.match is None:
                 e.match = m
             raise
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a lowering's bug (a plugin's SystemExit too) costs its match only
+            err = CodegenError(f"the lowering of {m.pattern.template!r} raised {_one_line(e)}")
+            err.match = m
+            raise err from e
     if not L.instructions:
         raise CodegenError("region has nothing to run on chip")
     # glue (views, no-op casts) between kernel matches is implemented by the layouts

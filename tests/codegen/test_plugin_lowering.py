@@ -268,6 +268,50 @@ def test_build_failure_sends_only_the_failing_match_to_the_eager_path(monkeypatc
     assert not any(set(dropped.nodes) & r.kernel_nodes for r in record.regions)  # its ops ran eagerly
 
 
+@pytest.mark.parametrize("exc", [SystemExit(4), ValueError("plugin bug"), AssertionError("plugin assert")])
+def test_lowering_raising_anything_costs_its_match_only(monkeypatch, exc):
+    """A lowering that raises something other than CodegenError (a plugin's SystemExit(4) included) must not end
+    the user's process: it is contained like a CodegenError of that match (one warning naming the exception), the
+    rest of the region stays in kernels, tokens equal eager. KeyboardInterrupt still propagates (next test)."""
+    from fusegraph.models import build_decode, greedy_decode
+
+    add = registry.lowering_for("residual_add")
+    original = add.lower
+
+    def broken(L, m):
+        if m.pattern.name == "fusegraph.residual_add" and m.layer == 1:
+            raise exc
+        return original(L, m)
+
+    monkeypatch.setattr(add, "lower", broken)
+    case = build_decode("llama-tiny")
+    ref = case.fork()
+    step = _compile(case.step)
+    with pytest.warns(FusegraphWarning) as caught:
+        toks_c, logits_c = greedy_decode(step, case.token, case.position, 2)
+    msgs = [str(w.message) for w in caught if type(exc).__name__ in str(w.message)]
+    assert msgs and "fusegraph.residual_add at model.layers.1" in msgs[0], [str(w.message) for w in caught]
+    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, 2)
+    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
+    record = _record()
+    assert record.launches_per_call >= 1 and all(r.verification == "passed" for r in record.regions)
+
+
+def test_lowering_keyboard_interrupt_propagates(monkeypatch):
+    from fusegraph.models import build_decode
+
+    add = registry.lowering_for("residual_add")
+
+    def interrupted(L, m):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(add, "lower", interrupted)
+    case = build_decode("llama-tiny")
+    step = _compile(case.step)
+    with pytest.raises(KeyboardInterrupt), torch.no_grad():
+        step(case.token, case.position)
+
+
 # ---- the registry ---------------------------------------------------------------------------------------------
 def test_builtin_lowerings_and_every_instruction_declares_its_sharding():
     lows = registry.lowerings()

@@ -24,6 +24,7 @@ from .capture.quantized import warn_quantized
 from .capture.session import CaptureSession, refusal_of, session_for
 from .capture.summary import summarize
 from .executors import available_executors, get_executor
+from .executors.rank_agreement import agree_or_eager
 from .program.build import DynamoInput, add_graph
 from .settings import Settings
 from .warnings import one_line, warn
@@ -134,6 +135,8 @@ def _make_runner(session: CaptureSession, index: int, settings: Settings) -> Cal
         warn(f"graph {index}: executor {name!r} could not build ({type(e).__name__}: {e}); using the eager executor")
         name = "eager"
         runner = get_executor("eager").compile(session.program, index, settings)
+    # TP: every rank of the graph's collective groups runs it alike (same executor, settings, kernels) or eagerly
+    name, runner = agree_or_eager(session.program, index, settings, name, runner)
     session.executors[index] = name
     return runner
 

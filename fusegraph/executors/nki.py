@@ -61,8 +61,7 @@ class NkiExecutor:
         schedule, dropped = build_schedule(program, graph_index, [p.lowered.kernel_nodes for p in ready])
         for k in dropped:
             warn(f"{ready[k].label} is not convex (an op outside it both reads and feeds it); it runs on the eager path")
-        active = [k for k in range(len(ready)) if k not in dropped]
-        _agree_builds(program, graph_index, ready, active)
+        active = [k for k in range(len(ready)) if k not in dropped]  # TP ranks agree on them: rank_agreement.py
         return _Run(self, program, graph_index, settings, ready, active, schedule, analysis, written)
 
 
@@ -365,30 +364,6 @@ class _Run:
         run = self._region_runs[id(plan)]
         run.disabled = True
         run.verification = why
-
-
-def _agree_builds(program: Program, graph_index: int, plans: list[KernelPlan], active: list[int]) -> None:
-    """The kernels that issue collectives must be the same on every rank of their groups (a collective inside a
-    kernel on one rank and on the eager path on another never pair up). Every rank tells which collective nodes its
-    scheduled kernels cover; if any rank differs, every rank disables all of its kernels with collectives (their
-    collectives then run on the eager path everywhere), with one warning."""
-    nodes = program.collectives(graph_index)
-    if not nodes:
-        return
-    import hashlib
-
-    covering = [k for k in active if covered_collectives(program, plans[k])]
-    mine = ";".join(",".join(covered_collectives(program, plans[k])) for k in covering)
-    digest = hashlib.sha1(mine.encode()).hexdigest()[:16]
-    worst, rows = agree(program, nodes, OK, digest)
-    digests = {w for _, _, w in rows}
-    if worst == OK and len(digests) == 1:
-        return
-    why = ("rank agreement failed: " + describe_disagreement(rows)) if worst != OK else (
-        f"the ranks built different kernels with collectives ({len(digests)} different sets)")
-    for k in covering:
-        plans[k].disabled = True
-    warn(f"graph {graph_index}: {why}; every rank runs the collectives (and their kernels) on the eager path")
 
 
 def _region_run(plan: KernelPlan, scheduled: bool) -> RegionRun:

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from fusegraph.warnings import reset_warnings
+
 
 def _collectives(program: Any) -> list[dict]:
     G = program.graph
@@ -165,7 +167,10 @@ def _kernel_collectives() -> list:
     """The collectives the interpreter ran inside the last kernel launch (its profile: op, buffer, count, bytes)."""
     from fusegraph import nkisim
 
-    prof = nkisim.last_profile()
+    try:
+        prof = nkisim.last_profile()
+    except LookupError:  # no kernel ran in this process (every rank fell back, e.g. ranks configured differently)
+        return []
     return [{k: r[k] for k in ("op", "buffer", "group", "count", "bytes", "program")}
             for r in (getattr(prof, "collectives", None) or [])]
 
@@ -370,19 +375,36 @@ def main(spec: dict) -> None:
     try:
         for case in spec["cases"]:
             torch._dynamo.reset()
-            if case.get("expect_error"):  # a case that may be refused (HF's plan): record the error, go on
-                try:
-                    res = _hf(case, rank)
-                except Exception as e:  # noqa: BLE001 -- the test asserts what was raised
-                    res = {"error": f"{type(e).__name__}: {e}"[:2000]}
-            else:
-                res = _hf(case, rank) if case["kind"] == "hf" else _block(case, rank)
+            reset_warnings()  # each case sees its own warnings (fusegraph deduplicates them per process)
+            saved_env = _set_rank_env(case, rank)
+            try:
+                res = _run_case(case, rank)
+            finally:
+                os.environ.clear()
+                os.environ.update(saved_env)
             res["rank"] = rank
             res["world_size"] = dist.get_world_size()
             Path(spec["out"], f"{case['name']}.rank{rank}.json").write_text(json.dumps(res, default=str))
             dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _set_rank_env(case: dict, rank: int) -> dict[str, str]:
+    """``rank_env``: ``FUSEGRAPH_*`` variables set on one rank only for this case (ranks configured differently, the
+    rank-agreement tests); returns the environment to restore."""
+    saved = dict(os.environ)
+    os.environ.update({k: str(v) for k, v in case.get("rank_env", {}).get(str(rank), {}).items()})
+    return saved
+
+
+def _run_case(case: dict, rank: int) -> dict:
+    if not case.get("expect_error"):
+        return _hf(case, rank) if case["kind"] == "hf" else _block(case, rank)
+    try:  # a case that may be refused (HF's plan): record the error, go on
+        return _hf(case, rank)
+    except Exception as e:  # noqa: BLE001 -- the test asserts what was raised
+        return {"error": f"{type(e).__name__}: {e}"[:2000]}
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 import torch.fx.traceback as fx_traceback
 import torch.nn.functional as F
 
-from . import idioms, layout_idioms, stacked
+from . import idioms, intrange, layout_idioms, stacked
 from .ir import Function, Module, Op, UnsupportedOp, Value, module_path
 from .values import (Bcast, ExpertWeight, Reduced, Splat, Stacked, Transposed, bcast_source, elementwise_operand,
                      elementwise_operands, materialize, permuted, python_scalar, torch_dtype)
@@ -53,28 +53,52 @@ class Emitter:
         self.tables: dict[int, tuple] = {}
         self._table_memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._table_casts: dict[tuple, torch.Tensor] = {}  # (id of a memo table, dtype): its cast
+        #: the int64 interval of every integer value (XLA's int32 wrap, division guards: see intrange)
+        self.ranges = intrange.Ranges()
 
     # ---- running functions -------------------------------------------------------------------------------
-    def run(self, fn: Function, args: Sequence[Any], scope: str | None = None, source: str | None = None) -> list:
+    def run(self, fn: Function, args: Sequence[Any], scope: str | None = None, source: str | None = None,
+            arg_ranges: Sequence[Any] | None = None) -> list:
         env: dict[int, Any] = {id(v): a for v, a in zip(fn.body.args, args)}
+        for i, v in enumerate(fn.body.args):
+            self.ranges.set(v, arg_ranges[i] if arg_ranges is not None else intrange.type_range(v.type))
         saved, self._values = self._values, env
         try:
             for op in fn.body.ops:
                 with self._meta(op, scope, source):
-                    outs = self.emit(op, [env[id(v)] for v in op.operands])
+                    outs = self.emit(op, self._operands(op, env))
                 if len(outs) != len(op.results):
                     raise UnsupportedOp(op.name, f"{len(outs)} results for {len(op.results)}")
                 for r, o in zip(op.results, outs):
                     env[id(r)] = o
+                callee = self._callee(op)
+                for r, rr in zip(op.results, self.ranges.results(op, callee.body.returns if callee else None)):
+                    self.ranges.set(r, rr)
             return [env[id(v)] for v in fn.body.returns]
         finally:
             self._values = saved
 
-    def emit(self, op: Op, vals: list) -> list:
+    def _operands(self, op: Op, env: dict[int, Any]) -> list:
+        """The op's operand values; an ``i32`` operand whose int64 tensor may be outside the int32 range is
+        wrapped first where the op reads more than its low 32 bits (once: the wrapped value replaces it)."""
+        for i, v in enumerate(op.operands):
+            if intrange.is_wide(v, self.ranges.get(v)) and not intrange.may_be_wide(op, i):
+                env[id(v)] = intrange.as_exact(env[id(v)])
+                self.ranges.mark_wrapped(v)
+        return [env[id(v)] for v in op.operands]
+
+    def _callee(self, op: Op) -> Function | None:
         if op.name == "func.call":
-            return self.run(self.module.functions[op.attrs["callee"]], vals, op.scope or None, op.source)
+            return self.module.functions[op.attrs["callee"]]
         if op.name == "stablehlo.composite":
-            return self.run(self.module.functions[op.attrs["decomposition"]], vals, op.scope or None, op.source)
+            return self.module.functions[op.attrs["decomposition"]]
+        return None
+
+    def emit(self, op: Op, vals: list) -> list:
+        callee = self._callee(op)
+        if callee is not None:
+            return self.run(callee, vals, op.scope or None, op.source,
+                            arg_ranges=[self.ranges.get(v) for v in op.operands])
         handler = HANDLERS.get(op.name)
         if handler is None:
             detail = f"custom_call target {op.attrs.get('call_target_name')!r}" if op.name == "stablehlo.custom_call" else ""
@@ -239,7 +263,11 @@ def _convert(em: Emitter, op: Op, vals: list) -> Any:
     (src,) = vals
     s = _splat(src)
     if s is not None:
-        return _fold(op, lambda a: a, s)
+        return _fold(op, _xla_convert(op), s)
+    if intrange.limits(op.result.type.dtype) is not None and intrange.limits(op.operands[0].type.dtype) is None \
+            and op.operands[0].type.dtype != "i1":  # float -> integer: XLA saturates (PyTorch's cast does not)
+        return _fit(op, intrange.float_to_int(materialize(src) if not isinstance(src, Bcast) else
+                                              elementwise_operand(src, _rank(op)), op.result.type.dtype, _dtype(op)))
     table = _table_cast(em, op, src)
     if table is not None:
         return table
@@ -249,6 +277,19 @@ def _convert(em: Emitter, op: Op, vals: list) -> Any:
         out = inner.to(_dtype(op)) if isinstance(inner, torch.Tensor) else inner
         return _fit(op, out)
     return t if t.dtype == _dtype(op) else t.to(_dtype(op))
+
+
+def _xla_convert(op: Op) -> Callable:
+    """A convert folded on a constant with XLA's float -> integer semantics (saturating, NaN -> 0)."""
+    lim = intrange.limits(op.result.type.dtype)
+    if lim is None or intrange.limits(op.operands[0].type.dtype) is not None:
+        return lambda a: a
+
+    def fold(a: np.ndarray) -> np.ndarray:
+        x = np.asarray(a, dtype=np.float64)
+        return np.where(np.isnan(x), 0, np.clip(np.trunc(np.nan_to_num(x, nan=0.0)), lim[0], lim[1]))
+
+    return fold
 
 
 @handles("stablehlo.slice")
@@ -380,17 +421,58 @@ def _binary(em: Emitter, op: Op, vals: list) -> Any:
             a, b = b, a
         fn = {"stablehlo.and": operator.and_, "stablehlo.or": operator.or_, "stablehlo.xor": operator.xor}[name]
         return _fit(op, fn(a, b))
+    if name in ("stablehlo.divide", "stablehlo.remainder") and _is_int(op):
+        return _int_divide(em, op, a, b)
+    if name == "stablehlo.power" and _is_int(op) and not (isinstance(b, int) and b >= 0):
+        raise UnsupportedOp(name, "integer power with a negative or non-constant exponent")
     if not isinstance(a, torch.Tensor):  # scalar on the left of a non-commutative op: a 0-d tensor, exact
         a = _scalar_tensor(a, op)
     if name == "stablehlo.subtract":
         return _fit(op, a - b)
     if name == "stablehlo.divide":
-        return _fit(op, torch.div(a, b, rounding_mode="trunc") if _is_int(op) else a / b)
+        return _fit(op, a / b)
     if name == "stablehlo.power":
         return _fit(op, torch.pow(a, b))
     if name == "stablehlo.remainder":
         return _fit(op, torch.fmod(a, b))
     return _fit(op, torch.atan2(a, b if isinstance(b, torch.Tensor) else _scalar_tensor(b, op)))
+
+
+def _int_divide(em: Emitter, op: Op, a: Any, b: Any) -> Any:
+    """StableHLO's integer ``divide`` (rounds toward zero) and ``remainder`` (the dividend's sign) with XLA's
+    results where PyTorch raises or crashes: ``x / 0`` is all ones (-1, or the unsigned maximum), ``x % 0`` is
+    ``x``, ``MIN / -1`` is ``MIN`` and ``MIN % -1`` is 0 (an ``int64`` division of ``INT64_MIN`` by -1 is a
+    ``SIGFPE`` in PyTorch). Guards are emitted only where the divisor's interval holds 0 (or -1 for ``i64``)."""
+    dtype = op.result.type.dtype
+    div = op.name == "stablehlo.divide"
+    rb = em.ranges.get(op.operands[1])
+    ra = em.ranges.get(op.operands[0])
+    lo = intrange.limits(dtype)[0]
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):  # two constants: folded exactly
+        q = intrange.xla_divide(int(a), int(b), dtype, div)
+        return Splat(q, dtype, _shape(op))
+    if not isinstance(b, torch.Tensor):
+        if b == 0:
+            return Splat(intrange.all_ones(dtype), dtype, _shape(op)) if div else _fit(
+                op, a if isinstance(a, torch.Tensor) else _scalar_tensor(a, op))
+        if b == -1:
+            return _fit(op, -a) if div else Splat(0, dtype, _shape(op))
+    if not isinstance(a, torch.Tensor):
+        a = _scalar_tensor(a, op)
+    if not isinstance(b, torch.Tensor):
+        return _fit(op, torch.div(a, b, rounding_mode="trunc") if div else torch.fmod(a, b))
+    zero = intrange.contains(rb, 0)
+    minus_one = dtype == "i64" and intrange.contains(rb, -1) and intrange.contains(ra, lo)
+    if not zero and not minus_one:
+        return _fit(op, torch.div(a, b, rounding_mode="trunc") if div else torch.fmod(a, b))
+    guard = (b == 0) | (b == -1) if minus_one else b == 0
+    d = torch.where(guard, torch.ones((), dtype=b.dtype), b)
+    out = torch.div(a, d, rounding_mode="trunc") if div else torch.fmod(a, d)
+    if minus_one:  # x / -1 == -x (MIN wraps to MIN), x % -1 == 0
+        out = torch.where(b == -1, -a if div else torch.zeros((), dtype=out.dtype), out)
+    if zero:
+        out = torch.where(b == 0, torch.full((), intrange.all_ones(dtype), dtype=out.dtype) if div else a, out)
+    return _fit(op, out)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

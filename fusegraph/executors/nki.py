@@ -28,8 +28,14 @@ from .kernel_cache import discard
 from .kernels import FAILED, OK, RETRY, KernelPlan, agree, build_plans, covered_collectives, describe_disagreement
 from .llm_fallback import IslandStep, bind_inlined, island_steps, plan_inline, run_island, write_islands
 from .schedule import KernelSlot, build_schedule
+from .state_journal import StateJournal
+from .weight_keys import weight_key
 
 log = logging.getLogger(__name__)
+
+#: a kernel that fails at run time on this many calls in a row is retired (it runs eagerly from then on); a single
+#: failing call (a malformed request: an out-of-range id, a NaN) falls back for that call only
+RETIRE_AFTER_FAILURES = 3
 
 
 class NkiExecutor:
@@ -80,6 +86,9 @@ class _Run:
         self.input_ids = [i.node for i in captured.inputs]
         self.outputs = [_resolver(o) for o in captured.outputs]
         self.eager_all = build_plan(program, program.topo_order(graph_index))
+        G = program.graph
+        self._state_writers = {n for n in program.topo_order(graph_index) if G.nodes[n].get("writes_state")}
+        self._failures: dict[int, int] = {id(p): 0 for p in plans}  # consecutive failing calls of each kernel
         while True:
             steps, missing = self._build_steps(schedule)
             if missing is None:
@@ -159,16 +168,35 @@ class _Run:
         env = dict(zip(self.input_ids, args))
         if any(not self.plans[s.index].disabled for s in self.steps if isinstance(s, KernelSlot)) or any(
                 isinstance(s, IslandStep) and not s.island.disabled for s in self.steps):
-            env = self._run_with_kernels(env)
+            journal = StateJournal()
+            try:
+                env = self._run_with_kernels(env, journal)
+            except Exception as e:  # noqa: BLE001 - the step's state goes back to the call's start, then eager
+                journal.rollback()
+                env = self._eager_after_failure(args, e)
         else:
             env = run_plan(self.eager_all, env)
         self.record.calls += 1
         return [o(env) for o in self.outputs]
 
-    def _run_with_kernels(self, env: dict) -> dict:
+    def _eager_after_failure(self, args: Sequence[Any], e: Exception) -> dict:
+        """The fused call raised (a malformed input the eager fallback of a kernel also refused, say): with the state
+        as it was at the start of the call, the whole graph runs eagerly in program order, so the result, the
+        exception and the state writes before it are exactly eager's. A graph with collectives re-raises instead
+        (re-running its collectives on this rank alone would pair them wrongly with its peers')."""
+        if self.settings.pass_through_build_failures or self.program.collectives(self.program_graph):
+            raise e
+        log.debug("fused call failed; recomputing it eagerly from the call's initial state", exc_info=e)
+        env = dict(zip(self.input_ids, args))
+        run_plan(self.eager_all, env)  # raises eager's own error on a malformed input
+        warn(f"graph {self.program_graph}: a fused call failed ({one_line(e)}); it was recomputed on the eager path")
+        return env
+
+    def _run_with_kernels(self, env: dict, journal: StateJournal) -> dict:
         launches = 0
         for step in self.steps:
             if isinstance(step, IslandStep):
+                journal.save_nodes(self.program, step.island.nodes, env)
                 if step.island.disabled or not run_island(step.island, env, self.program, self.settings):
                     run_plan(step.eager, env)
                 else:
@@ -176,31 +204,46 @@ class _Run:
                 continue
             if not isinstance(step, KernelSlot):
                 n, target, a, kw = step
+                if n in self._state_writers:
+                    journal.save_node(self.program, n, env)
                 env[n] = target(*a(env), **kw(env))
                 continue
             plan = self.plans[step.index]
             if plan.disabled:
-                self._eager_region(plan, env)
+                self._eager_region(plan, env, journal)
                 continue
-            if not plan.trusted and self.settings.verify:
-                self._verify(plan, env)
-                if plan.disabled:
-                    continue
-            elif self._collectives[id(plan)]:
-                self._run_agreed(plan, env)
-                if plan.disabled:
-                    continue
-            else:
-                try:
-                    results = self._launch(plan, env)
-                except Exception as e:  # noqa: BLE001 - a kernel failing at any call falls back, for good
-                    self._fail(plan, env, e)
-                    continue
-                if self._guard_tripped(plan, results):
-                    self._eager_region(plan, env)  # overwrites the kernel's outputs and its KV-row writes
-            launches += 1
+            if self._run_kernel(plan, env, journal):
+                launches += 1
         self.record.launches_per_call = launches
         return env
+
+    def _run_kernel(self, plan: KernelPlan, env: dict, journal: StateJournal) -> bool:
+        """One kernel slot of the schedule; True when the kernel was launched and ran to its end (its results are
+        this call's, or a guard it raised sent the region to the eager path)."""
+        if not plan.trusted and self.settings.verify:
+            return self._verify(plan, env, journal)
+        mine = self._journal_kernel(plan, env)
+        if self._collectives[id(plan)]:
+            return self._run_agreed(plan, env, mine, journal)
+        try:
+            results = self._launch(plan, env)
+        except Exception as e:  # noqa: BLE001 - a kernel failing at a call falls back for that call
+            mine.rollback()
+            self._fail(plan, env, e, journal)
+            return False
+        self._failures[id(plan)] = 0
+        if self._guard_tripped(plan, results):
+            mine.rollback()
+            self._eager_region(plan, env, journal)  # overwrites the kernel's outputs
+        else:
+            journal.extend(mine)
+        return True
+
+    def _journal_kernel(self, plan: KernelPlan, env: dict) -> StateJournal:
+        """What the kernel's state writes will overwrite (rows of the KV caches at this step's positions)."""
+        mine = StateJournal()
+        mine.save_nodes(self.program, [n for n in plan.lowered.kernel_nodes if n in self._state_writers], env)
+        return mine
 
     # ---- one kernel --------------------------------------------------------------------------------------
     def _kernel_args(self, plan: KernelPlan, env: dict, state_override: dict | None = None) -> dict:
@@ -214,12 +257,16 @@ class _Run:
                 continue
             if spec.transform is not None:
                 # keyed by the model's tensor: its rows (src.value) are only taken again when it changed
-                key = (id(whole), whole._version)
+                # keyed by the model's tensor and what it holds (version, storage, a sample of its values): a weight
+                # changed after compile (copy_, `.data = `, `.data.copy_`, a swapped adapter) is staged again
+                key = weight_key(whole)
                 cached = plan.prepared.get(name)
-                if cached is None or cached[:2] != key:
+                if cached is None or cached[0] != key:
+                    if cached is not None:
+                        log.info("%s: weight %s changed since it was staged; staging it again", plan.label, name)
                     with torch.no_grad():
-                        plan.prepared[name] = (*key, spec.transform(src.value(whole).detach()).contiguous())
-                out[name] = plan.prepared[name][2]
+                        plan.prepared[name] = (key, spec.transform(src.value(whole).detach()).contiguous())
+                out[name] = plan.prepared[name][1]
             elif src.kind == "state":
                 out[name] = src.value(whole)
             else:
@@ -246,83 +293,113 @@ class _Run:
             if st:
                 env[n] = env[st]
 
-    def _fail(self, plan: KernelPlan, env: dict, e: Exception) -> None:
-        """The kernel raised (at its verified first call or any later one, e.g. the interpreter refusing a NaN
-        router input as undefined behaviour): this call and every later one run the region eagerly. Whatever
-        the kernel wrote before failing is KV rows of this step, which the eager ops overwrite."""
+    def _fail(self, plan: KernelPlan, env: dict, e: Exception, journal: StateJournal) -> None:
+        """The kernel raised (at its verified first call or a later one: an out-of-range token id, a NaN router input
+        the interpreter refuses as undefined behaviour): its state writes are already undone and this call runs the
+        region eagerly (which raises eager's own error on a malformed input). Only a kernel that fails on
+        :data:`RETIRE_AFTER_FAILURES` calls in a row is retired: one bad request must not cost every later one its
+        kernel."""
         if self.settings.pass_through_build_failures:
             raise e
-        self._disable(plan, f"failed to run at call {self.record.calls + 1}: {one_line(e)}")
-        warn(f"{plan.label}: kernel failed at run time ({one_line(e)}); it runs on the eager path from now on")
         log.debug("kernel failure", exc_info=e)
-        self._eager_region(plan, env)
+        if self._count_failure(plan, f"failed to run at call {self.record.calls + 1}: {one_line(e)}"):
+            warn(f"{plan.label}: kernel failed at run time on {RETIRE_AFTER_FAILURES} calls in a row ({one_line(e)}); "
+                 "it runs on the eager path from now on")
+        else:
+            warn(f"{plan.label}: kernel failed at run time ({one_line(e)}); this call runs it on the eager path")
+        self._eager_region(plan, env, journal)
+
+    def _count_failure(self, plan: KernelPlan, why: str) -> bool:
+        """One more failing call of ``plan``; True when that retires it (see :data:`RETIRE_AFTER_FAILURES`)."""
+        self._failures[id(plan)] += 1
+        run = self._region_runs[id(plan)]
+        run.failed_calls += 1
+        if self._failures[id(plan)] < RETIRE_AFTER_FAILURES:
+            return False
+        self._disable(plan, why)
+        return True
 
     def _guard_tripped(self, plan: KernelPlan, results: dict) -> bool:
         """Did the kernel flag this step as one it cannot compute like eager (see codegen.ir.Guard)? Then the
-        caller recomputes the region eagerly: the kernel's state writes are KV rows at this step's positions,
-        which the eager ops overwrite, so the step's result and state are eager's."""
+        caller undoes its state writes and recomputes the region eagerly, so the step's result and state are
+        eager's."""
         tripped = [why for name, why in plan.lowered.guards.items() if bool((results[name] != 0).any())]
         if tripped:
             self._region_runs[id(plan)].guard_reruns += 1
             warn(f"{plan.label}: {tripped[0]}; steps where it happens are recomputed on the eager path")
         return bool(tripped)
 
-    def _eager_region(self, plan: KernelPlan, env: dict) -> None:
+    def _eager_region(self, plan: KernelPlan, env: dict, journal: StateJournal) -> None:
         """Everything the kernel provides, computed eagerly: its nodes and its outputs (an output may be a glue
         view of a kernel value that is not itself a kernel node; the schedule takes it from the kernel)."""
-        nodes = set(plan.lowered.kernel_nodes) | set(plan.lowered.outputs.values())
-        run_plan(build_plan(self.program, sorted(nodes, key=lambda n: self.program.graph.nodes[n]["order"])), env)
+        G = self.program.graph
+        nodes = sorted(set(plan.lowered.kernel_nodes) | set(plan.lowered.outputs.values()),
+                       key=lambda n: G.nodes[n]["order"])
+        for n, target, a, kw in build_plan(self.program, nodes):
+            if n in self._state_writers:
+                journal.save_node(self.program, n, env)
+            env[n] = target(*a(env), **kw(env))
 
-    def _run_agreed(self, plan: KernelPlan, env: dict) -> None:
+    def _run_agreed(self, plan: KernelPlan, env: dict, mine: StateJournal, journal: StateJournal) -> bool:
         """A verified kernel that issues collectives: its outcome this call (ran / guard tripped / failed) is agreed
         with every rank of their groups, so all ranks recompute the region eagerly together (its eager ops run the
-        same collectives) or none does: a rank left alone in a collective would wait for its peers."""
+        same collectives) or none does: a rank left alone in a collective would wait for its peers. True when the
+        kernel's results stand."""
         code, why = OK, ""
         try:
             results = self._launch(plan, env)
             tripped = [w for name, w in plan.lowered.guards.items() if bool((results[name] != 0).any())]
             if tripped:
                 code, why = RETRY, tripped[0]
-        except Exception as e:  # noqa: BLE001 - a kernel failing at any call falls back, for good, on every rank
+        except Exception as e:  # noqa: BLE001 - a kernel failing at a call falls back for that call, on every rank
             if self.settings.pass_through_build_failures:
                 raise
             code, why = FAILED, f"kernel failed at call {self.record.calls + 1} ({one_line(e)})"
             log.debug("kernel failure", exc_info=e)
         worst, rows = agree(self.program, self._collectives[id(plan)], code, why)
+        if worst != FAILED:
+            self._failures[id(plan)] = 0
         if worst == OK:
-            return
+            journal.extend(mine)
+            return True
+        mine.rollback()
         cause = describe_disagreement(rows)
         if worst == RETRY:
             self._region_runs[id(plan)].guard_reruns += 1
             warn(f"{plan.label}: {cause}; steps where it happens are recomputed on the eager path on every rank")
+        elif self._count_failure(plan, f"failed on {cause}"):  # every rank counts the same agreed outcomes
+            warn(f"{plan.label}: kernel failed on {cause} on {RETIRE_AFTER_FAILURES} calls in a row; every rank runs "
+                 "it on the eager path from now on")
         else:
-            self._disable(plan, f"failed on {cause}")
-            warn(f"{plan.label}: kernel failed on {cause}; every rank runs it on the eager path from now on")
-        self._eager_region(plan, env)  # every rank: the same collectives, in program order
+            warn(f"{plan.label}: kernel failed on {cause}; every rank runs this call on the eager path")
+        self._eager_region(plan, env, journal)  # every rank: the same collectives, in program order
+        return worst == RETRY
 
-    def _verify(self, plan: KernelPlan, env: dict) -> None:
+    def _verify(self, plan: KernelPlan, env: dict, journal: StateJournal) -> bool:
         """Run the kernel on copies of the state and the region eagerly on the real state; compare. A kernel that
-        issues collectives agrees its outcome with every rank of their groups (see :meth:`_verify_agreed`)."""
+        issues collectives agrees its outcome with every rank of their groups (see :meth:`_verify_agreed`). True
+        when the kernel ran (its results equal eager's, which the step uses)."""
         state_copies = {name: env[src.node].clone() for name, src in plan.lowered.args.items() if src.kind == "state"}
         agreed = bool(self._collectives[id(plan)])
         try:
             results = self._launch(plan, env, state_override=state_copies)
         except Exception as e:  # noqa: BLE001 - a kernel that fails at run time falls back
             if not agreed or self.settings.pass_through_build_failures:
-                self._fail(plan, env, e)
-                return
+                self._fail(plan, env, e, journal)
+                return False
             log.debug("kernel failure", exc_info=e)
-            self._eager_region(plan, env)
+            self._eager_region(plan, env, journal)
             self._verify_agreed(plan, FAILED, f"kernel failed to run at call {self.record.calls + 1} ({one_line(e)})")
-            return
-        self._eager_region(plan, env)
+            return False
+        self._failures[id(plan)] = 0
+        self._eager_region(plan, env, journal)
         if agreed:
             tripped = [w for name, w in plan.lowered.guards.items() if bool((results[name] != 0).any())]
             if tripped:
                 self._verify_agreed(plan, RETRY, tripped[0])
-                return
+                return True
         elif self._guard_tripped(plan, results):
-            return  # this step's kernel result is not comparable with eager's; verify on the next step
+            return True  # this step's kernel result is not comparable with eager's; verify on the next step
         problems = []
         for name, node in plan.lowered.outputs.items():
             problems += _compare(f"output {node}", results[name], env[node], self.settings)
@@ -338,24 +415,7 @@ class _Run:
         else:
             plan.trusted = True
             self._region_runs[id(plan)].verification = "passed"
-
-    def _verify_agreed(self, plan: KernelPlan, code: int, why: str) -> None:
-        """This rank's verification outcome, agreed with every rank of the kernel's collective groups (the eager
-        region already ran on every rank): the kernel is trusted only if it passed on all of them, disabled on all
-        of them if it failed on any (one warning naming the rank and the cause), verified again next call if a
-        guard tripped anywhere."""
-        worst, rows = agree(self.program, self._collectives[id(plan)], code, why)
-        if worst == OK:
-            plan.trusted = True
-            self._region_runs[id(plan)].verification = "passed"
-            return
-        cause = describe_disagreement(rows)
-        if worst == RETRY:
-            self._region_runs[id(plan)].guard_reruns += 1
-            warn(f"{plan.label}: {cause}; steps where it happens are recomputed on the eager path on every rank")
-            return
-        self._disable(plan, f"failed on {cause}")
-        warn(f"{plan.label}: verification failed on {cause}; every rank of its group runs it on the eager path")
+        return not plan.disabled
 
     def _disable(self, plan: KernelPlan, why: str) -> None:
         """The region runs eagerly from now on: the plan, its record and the kernel cache all say so."""

@@ -39,10 +39,11 @@ class RegionRun:
     host_nodes: frozenset[str] = frozenset()
     #: the kernel has its slot in the step's schedule (False: it was refused before the first call)
     scheduled: bool = False
-    #: verification failed or the kernel failed at some call: the region runs eagerly from then on
+    #: verification failed or the kernel failed on several calls in a row: the region runs eagerly from then on
     disabled: bool = False
     verification: str | None = None  # "passed", or why it failed; None until the first verified call
     guard_reruns: int = 0  # steps recomputed eagerly because the kernel's guard output was set
+    failed_calls: int = 0  # calls on which the kernel failed at run time (that call ran the region eagerly)
 
     @property
     def runs_kernel(self) -> bool:

@@ -8,19 +8,31 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any, Sequence
 
-from .modelperf.cli import add_commands as _perf_commands, add_report_html_flag, write_report_html
+from .modelperf.cli import (ATTN_IMPLEMENTATIONS, DTYPES, EXPERTS_IMPLEMENTATIONS, OneLineErrorParser,
+                            add_commands as _perf_commands, add_model_flags, add_report_html_flag, check_model,
+                            positive_int, write_report_html)
+from .perf.progress import Progress, UsageError
 
 
 def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--option NAME=VALUE`` pairs, validated like the backend validates them (a bad name or value is a
+    :class:`UsageError` naming it, before anything is built)."""
+    from .settings import FusegraphOptionError, Settings
+
     out: dict[str, Any] = {}
     for p in pairs:
         if "=" not in p:
-            raise SystemExit(f"--option expects NAME=VALUE, got {p!r}")
+            raise UsageError(f"--option expects NAME=VALUE, got {p!r}")
         k, v = p.split("=", 1)
         out[k.strip()] = v.strip()
+    try:
+        Settings.from_options(out)
+    except (FusegraphOptionError, ValueError, TypeError) as e:
+        raise UsageError(f"--option: {e}") from None
     return out
 
 
@@ -47,23 +59,33 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .models.user import is_user_spec, load_user_step
 
     options = _parse_options(args.option)
-    if getattr(args, "frontend", "torch") == "jax":
+    jax = getattr(args, "frontend", "torch") == "jax"
+    args.model = args.model or ("llama-tiny" if jax else "qwen3-moe-tiny")
+    if jax:
         from .jax.cli import cmd_report_jax  # imports jax only on this path
 
         return cmd_report_jax(args, options)
+    check_model(args.model, args.size)
+    progress = Progress.for_cli()
     if is_user_spec(args.model):
-        user = load_user_step(args.model)
-        case = user.case
-        reference = case.fork() if case is not None and case.token.device.type != "meta" else None
-        cap = capture_step(user.fn, *user.args, options=options, **user.kwargs)
+        with progress.step(f"{args.model}: build (user code) and capture"):
+            user = load_user_step(args.model)
+            case = user.case
+            reference = case.fork() if case is not None and case.token.device.type != "meta" else None
+            cap = capture_step(user.fn, *user.args, options=options, **user.kwargs)
+        progress.finish()
         print(f"model {args.model} (user code)")
     else:
-        case = build_decode(args.model, dtype=args.dtype, attn=args.attn, experts=args.experts, batch=args.batch,
-                            max_cache_len=args.max_cache_len, num_layers=args.layers)
-        reference = case.fork() if case.token.device.type != "meta" else None
-        cap = capture_step(case.step, case.token, case.position, options=options)
+        with progress.step(f"{args.model}: build"):
+            case = build_decode(args.model, dtype=args.dtype, attn=args.attn, experts=args.experts,
+                                batch=args.batch, max_cache_len=args.max_cache_len, num_layers=args.layers)
+            reference = case.fork() if case.token.device.type != "meta" else None
+        with progress.step(f"{args.model}: capture, match and compile"):
+            cap = capture_step(case.step, case.token, case.position, options=options)
+        progress.finish()
         print(f"model {args.model} ({case.model.config.model_type}, {case.dtype}, attn={args.attn}"
-              + (f", experts={args.experts}" if "moe" in args.model else "") + f", batch {args.batch})")
+              + (f", experts={args.experts}" if "moe" in case.model.config.model_type else "")
+              + f", batch {args.batch})")
     summary = cap.summary()
     print(cap.format())
     if reference is not None:
@@ -101,12 +123,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_nki_run(args: argparse.Namespace) -> int:
-    try:
-        from .nkisim import cli as nki_cli
-    except ImportError as e:  # pragma: no cover - the interpreter ships with fusegraph
-        print(f"the NKI interpreter is unavailable: {e}", file=sys.stderr)
-        return 2
-    return nki_cli.main(args.rest)
+    from .nkisim import cli as nki_cli
+
+    rest = list(args.rest)
+    if args.verbose:  # `fusegraph -v nki-run FILE`: the interpreter's own --verbose (before the file's `--` args)
+        i = rest.index("--") if "--" in rest else len(rest)
+        rest[i:i] = ["--verbose"]
+    return nki_cli.main(rest)
 
 
 def cmd_export_sft(args: argparse.Namespace) -> int:
@@ -153,23 +176,24 @@ def cmd_llm_eval(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fusegraph", description="Fuse an LLM decode step into one NKI megakernel.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    p = OneLineErrorParser(prog="fusegraph", description="Fuse an LLM decode step into one NKI megakernel.")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log at INFO level; show the interpreter's stack with a kernel's rule error")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    r = sub.add_parser("report", help="capture a bundled model's decode step; print what was captured and the "
+    r = sub.add_parser("report", help="capture a model's decode step; print what was captured and the "
                        "fused-region report")
-    r.add_argument("--model", default="qwen3-moe-tiny",
-                   help="bundled model name (see `fusegraph models`) or module:function of your own code")
+    add_model_flags(r, default=None)  # qwen3-moe-tiny; llama-tiny with --frontend jax
     r.add_argument("--frontend", default="torch", choices=("torch", "jax"),
                    help="torch (HF transformers models) or jax (llama-tiny, keras-llama-tiny, keras-mixtral-tiny; "
                    "needs fusegraph[jax])")
-    r.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: the model's)")
-    r.add_argument("--attn", default="eager", help="HF attention implementation: eager | sdpa")
-    r.add_argument("--experts", default="batched_mm", help="HF MoE experts implementation: batched_mm | grouped_mm | eager")
-    r.add_argument("--batch", type=int, default=1)
-    r.add_argument("--layers", type=int, default=None, help="override the number of decoder layers")
-    r.add_argument("--max-cache-len", type=int, default=32)
+    r.add_argument("--dtype", default=None, choices=DTYPES, help="default: the model's")
+    r.add_argument("--attn", default="eager", choices=ATTN_IMPLEMENTATIONS, help="HF attention implementation")
+    r.add_argument("--experts", default="batched_mm", choices=EXPERTS_IMPLEMENTATIONS,
+                   help="HF MoE experts implementation")
+    r.add_argument("--batch", type=positive_int, default=1)
+    r.add_argument("--layers", type=positive_int, default=None, help="override the number of decoder layers")
+    r.add_argument("--max-cache-len", type=positive_int, default=32)
     r.add_argument("--option", action="append", default=[], metavar="NAME=VALUE", help="a fusegraph option (repeatable)")
     r.add_argument("--json", default=None, help="also write the fused-region report (schema: docs/report.md) as JSON")
     add_report_html_flag(r)
@@ -210,18 +234,58 @@ def build_parser() -> argparse.ArgumentParser:
                    help="record every conversation as experience for export-sft --experience")
     v.set_defaults(func=cmd_llm_eval)
 
-    n = sub.add_parser("nki-run", help="run an NKI kernel file on CPU with fusegraph's interpreter",
-                       add_help=False)
+    n = sub.add_parser("nki-run", help="run an NKI kernel file on CPU with fusegraph's interpreter "
+                       "(`fusegraph nki-run --help`)", add_help=False)
     n.add_argument("rest", nargs=argparse.REMAINDER)
     n.set_defaults(func=cmd_nki_run)
     _perf_commands(sub)
     return p
 
 
+def _split_nki_run(argv: list[str]) -> tuple[list[str], list[str]] | None:
+    """``[global flags] nki-run ARGS...``: the global flags and ARGS, which go to the interpreter's own parser
+    unparsed (argparse's REMAINDER would take ``--help`` for the top-level parser's)."""
+    i = 0
+    while i < len(argv) and argv[i] in ("-v", "--verbose"):
+        i += 1
+    if i < len(argv) and argv[i] == "nki-run":
+        return argv[:i], argv[i + 1:]
+    return None
+
+
+def _run(argv: list[str]) -> int:
+    nki = _split_nki_run(argv)
+    if nki is not None:
+        args = argparse.Namespace(verbose=bool(nki[0]), rest=nki[1], func=cmd_nki_run)
+    else:
+        args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"fusegraph: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the reader went away, and the interpreter flushes stdout once more at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (a test's capture)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    """The ``fusegraph`` command; returns the exit code. A reader that closes the pipe early (``fusegraph options |
+    head``) ends the command quietly with 141, as a process killed by SIGPIPE reports in a shell."""
+    try:
+        return _run(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 from ..capture.summary import format_summary, summarize
+from ..perf.progress import UsageError
 from .frontend import jit
 
 JAX_MODELS = {
@@ -30,7 +31,7 @@ def build_case(name: str, dtype: str | None = None, batch: int = 1, max_cache_le
         from .keras_models import build_keras_case
 
         return build_keras_case(name, dtype=dtype, batch=batch, max_cache_len=max_cache_len)
-    raise SystemExit(f"unknown JAX model {name!r}; known: {', '.join(JAX_MODELS)}")
+    raise UsageError(f"unknown JAX model {name!r}; known: {', '.join(JAX_MODELS)}")
 
 
 def cmd_report_jax(args: Any, options: dict[str, Any]) -> int:
@@ -38,7 +39,9 @@ def cmd_report_jax(args: Any, options: dict[str, Any]) -> int:
     import jax
     import jax.numpy as jnp
 
-    model = args.model if args.model in JAX_MODELS else "llama-tiny"
+    model = args.model
+    if model not in JAX_MODELS:  # checked before jax builds anything (no silent substitute)
+        raise UsageError(f"unknown JAX model {model!r} for --frontend jax; known: {', '.join(JAX_MODELS)}")
     case = build_case(model, args.dtype, args.batch, args.max_cache_len, args.layers)
     fused = jit(case.step, donate_argnums=(1,), options=options)
     ref = jax.jit(case.step)

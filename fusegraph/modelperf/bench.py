@@ -82,7 +82,8 @@ def run(models: Sequence[str] = DEFAULT_MODELS, targets: Sequence[str] = DEFAULT
     lfl: list[dict[str, Any]] = []
     details: dict[str, Any] = {}
     kept: dict[str, ModelPerf] = {}
-    for model in models:
+    for i, model in enumerate(models):
+        progress.note(f"model {i + 1}/{len(models)}: {model} on {', '.join(targets)}")
         perfs = analyze_model(model, targets, layers=layers, cache_len=cache_len, per_op=per_op, progress=progress,
                               parameter_set=parameter_set)
         for target, perf in perfs.items():
@@ -209,15 +210,17 @@ def format_tables(result: dict[str, Any]) -> str:
 
 def run_and_write(models: list[str], targets: list[str], *, layers: int | None = None, cache_len: int = 640,
                   per_op: bool = True, json_path: str | None = None, html_dir: str | None = None,
-                  parameter_set: str = SOURCED) -> dict:
+                  parameter_set: str = SOURCED, progress: Progress | None = None) -> dict:
     """Run the benchmark with the cost model's ``parameter_set``, print its tables (each names the set), write the
     JSON and (optionally) one HTML report per model/target."""
     import json
     import os
 
     result = run(models, targets, layers=layers, cache_len=cache_len, per_op=per_op, keep=bool(html_dir),
-                 parameter_set=parameter_set)
+                 parameter_set=parameter_set, progress=progress)
     perfs = result.pop("_perf", {})
+    if progress is not None:
+        progress.finish()
     print(format_tables(result))
     if json_path:
         os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)

@@ -20,7 +20,77 @@ from ..perf.costmodel import estimate_kernel
 from ..perf.kernelview import build_view
 from ..perf.params import (SOURCED, ParameterSetError, calibrations, check_parameter_set, load_params,
                             parameter_set_targets)
-from ..perf.progress import Progress
+from ..perf.progress import Progress, UsageError
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+EXPERTS_IMPLEMENTATIONS = ("batched_mm", "grouped_mm", "eager")
+TARGETS = ("trn2", "trn3")
+MODEL_HELP = ("a bundled name (`fusegraph models`), an HF family (model_type: llama, qwen2, mistral, qwen3_moe, "
+              "...; random weights), a path to a config.json (random weights), or module:function of your own code")
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse with its errors on one line, ``fusegraph: error: ...`` (exit 2), like every other input error of
+    the CLI; ``--help`` still shows the usage."""
+
+    def error(self, message: str) -> Any:  # noqa: D102 - argparse's hook
+        command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        self.exit(2, f"fusegraph: error: {command}{message}\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type of counts (``--batch``, ``--layers``, cache lengths): an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_model_flags(parser: argparse.ArgumentParser, default: str | None) -> None:
+    """``--model`` and ``--size`` (tiny | full, for an HF family or a config.json)."""
+    parser.add_argument("--model", default=default, help=MODEL_HELP + (f" (default {default})" if default else ""))
+    parser.add_argument("--size", default="tiny", choices=("tiny", "full"),
+                        help="for an HF family or config.json: tiny dimensions with the family's structure (default; "
+                        "runs with data on CPU) or the config as written, on the meta device (kernel/bench)")
+
+
+def check_model(name: str, size: str = "tiny") -> None:
+    """Fail with a one-line :class:`UsageError` before anything is built when ``--model`` names nothing buildable;
+    a family name or config.json path is registered under ``name`` (:func:`fusegraph.models.resolve_model`)."""
+    from ..models import resolve_model
+    from ..models.user import is_user_spec, user_function
+
+    try:
+        if is_user_spec(name):
+            user_function(name)
+        else:
+            resolve_model(name, size)
+    except (KeyError, ValueError) as e:
+        raise UsageError(str(e.args[0]) if e.args else str(e)) from None
+
+
+def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="with a kernel's rule error, also show the interpreter's Python stack")
+
+
+def report_kernel_error(e: BaseException, verbose: bool, progress: Progress | None = None) -> int:
+    """An interpreter rule error of a generated kernel: its one-line message first, the stack only with
+    ``--verbose``; returns the exit code (1)."""
+    import traceback
+
+    if progress is not None:
+        progress.finish()
+    print(f"fusegraph: kernel error: {e}", file=sys.stderr)
+    if verbose:
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    else:
+        print("(run with --verbose for the interpreter's stack)", file=sys.stderr)
+    return 1
 
 
 def add_commands(sub: Any) -> None:
@@ -28,11 +98,13 @@ def add_commands(sub: Any) -> None:
     b = sub.add_parser("bench", help="model the decode performance of bundled models (cost model on the "
                        "interpreter profile of the kernel the pipeline builds) and compare with the published "
                        "figures; a model/target the pipeline refuses is reported as not run, with the reason")
-    b.add_argument("--models", default=None, help="comma-separated bundled names (default qwen3-30b-a3b,llama3-8b; "
-                   "with --against: the spec's model)")
+    b.add_argument("--models", default=None, help="comma-separated models (default qwen3-30b-a3b,llama3-8b; "
+                   "with --against: the spec's model): bundled names, HF families or config.json paths")
+    b.add_argument("--size", default="full", choices=("tiny", "full"),
+                   help="for an HF family or config.json: full (default; meta device) or tiny dimensions")
     b.add_argument("--targets", default=None, help="default trn2,trn3 (with --against: the spec's target)")
-    b.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
-    b.add_argument("--cache-len", type=int, default=640)
+    b.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default: the model's)")
+    b.add_argument("--cache-len", type=positive_int, default=640)
     b.add_argument("--json", default="bench-results/perf.json", help="where to write the JSON results")
     b.add_argument("--html-dir", default=None, help="also write one HTML report per model/target")
     b.add_argument("--no-per-op", action="store_true", help="skip the per-op baselines")
@@ -49,12 +121,13 @@ def add_commands(sub: Any) -> None:
     b.set_defaults(func=cmd_bench)
 
     k = sub.add_parser("kernel", help="print or write the generated NKI megakernel of a model's decode step")
-    k.add_argument("--model", default="qwen3-moe-tiny", help="bundled name or module:function")
-    k.add_argument("--target", default="trn2", choices=("trn2", "trn3"))
-    k.add_argument("--layers", type=int, default=None)
-    k.add_argument("--max-cache-len", type=int, default=None)
+    add_model_flags(k, default="qwen3-moe-tiny")
+    k.add_argument("--target", default="trn2", choices=TARGETS)
+    k.add_argument("--layers", type=positive_int, default=None)
+    k.add_argument("--max-cache-len", type=positive_int, default=None)
     k.add_argument("--out", default=None, help="write the source here instead of printing it")
     k.add_argument("--profile", action="store_true", help="also run it shape-only and print the modeled time")
+    add_verbose_flag(k)
     add_parameters_flag(k)
     k.set_defaults(func=cmd_kernel)
 
@@ -76,8 +149,32 @@ def add_report_html_flag(parser: argparse.ArgumentParser) -> None:
 
 
 # ---- commands -----------------------------------------------------------------------------------------------------
+def _bench_models(args: argparse.Namespace) -> list[str] | None:
+    """``--models``, each checked (and a family/config registered) before anything runs or is written."""
+    if not args.models:
+        return None
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models:
+        raise UsageError(f"--models {args.models!r}: no model named")
+    for m in models:
+        check_model(m, args.size)
+    return models
+
+
+def _bench_targets(args: argparse.Namespace) -> list[str] | None:
+    if not args.targets:
+        return None
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    bad = [t for t in targets if t not in TARGETS]
+    if bad or not targets:
+        raise UsageError(f"--targets {args.targets!r}: expected a comma-separated list of {', '.join(TARGETS)}")
+    return targets
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    targets = args.targets.split(",") if args.targets else None
+    targets = _bench_targets(args)
+    models = _bench_models(args)
+    progress = Progress.for_cli()
     try:
         if targets is not None:
             check_parameter_set(args.parameters, targets)
@@ -85,50 +182,62 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from .against import run_against
 
             json_path = args.json if args.json != "bench-results/perf.json" else "bench-results/against.json"
-            run_against(args.against, args.against_args, models=args.models.split(",") if args.models else None,
-                        targets=targets, layers=args.layers, cache_len=args.cache_len, paths=args.against_path,
-                        json_path=json_path, progress=Progress(None), parameter_set=args.parameters)
+            run_against(args.against, args.against_args, models=models, targets=targets, layers=args.layers,
+                        cache_len=args.cache_len, paths=args.against_path, json_path=json_path, progress=progress,
+                        parameter_set=args.parameters)
             return 0
         from .bench import run_and_write
 
         if targets is None:  # a calibration runs on its own target by default
             targets = ["trn2", "trn3"] if args.parameters == SOURCED else list(parameter_set_targets(args.parameters))
-        run_and_write((args.models or "qwen3-30b-a3b,llama3-8b").split(","), targets, layers=args.layers,
+        run_and_write(models or ["qwen3-30b-a3b", "llama3-8b"], targets, layers=args.layers,
                       cache_len=args.cache_len, per_op=not args.no_per_op, json_path=args.json,
-                      html_dir=args.html_dir, parameter_set=args.parameters)
+                      html_dir=args.html_dir, parameter_set=args.parameters, progress=progress)
     except ParameterSetError as e:
-        print(f"fusegraph bench: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     return 0
 
 
 def cmd_kernel(args: argparse.Namespace) -> int:
     from ..api.kernel import build_decode_kernel
+    from ..nkisim import NkiSimError
 
     if args.profile:
         try:
             check_parameter_set(args.parameters, [args.target])
         except ParameterSetError as e:
-            print(f"fusegraph kernel: {e}", file=sys.stderr)
-            return 2
-    progress = Progress(None)
+            raise UsageError(str(e)) from None
+    check_model(args.model, args.size)
+    progress = Progress.for_cli()
     case_kwargs: dict[str, Any] = {}
     if args.layers is not None:
         case_kwargs["num_layers"] = args.layers
     if args.max_cache_len is not None:
         case_kwargs["max_cache_len"] = args.max_cache_len
-    with progress.step(f"{args.model}: capture, match, codegen ({args.target})"):
-        gen = build_decode_kernel(args.model, target=args.target, profile=False, case_kwargs=case_kwargs,
-                                  progress=progress.update).generated
+    verbose = bool(getattr(args, "verbose", False))
+    try:
+        with progress.step(f"{args.model}: capture, match, codegen ({args.target})"):
+            gen = build_decode_kernel(args.model, target=args.target, profile=False, case_kwargs=case_kwargs,
+                                      progress=progress.update).generated
+    except NkiSimError as e:
+        return report_kernel_error(e, verbose, progress)
+    progress.finish()
     if args.out:
         with open(args.out, "w") as f:
             f.write(gen.source)
         print(f"wrote {args.out} ({gen.source.count(chr(10))} lines, {len(gen.program.instructions)} instructions)")
     else:
         sys.stdout.write(gen.source)
+        sys.stdout.flush()
     if args.profile:
-        prof = profile_shape_only(gen, args.target, progress)
-        est = estimate_kernel(build_view(gen.source, prof), load_params(args.target, args.parameters))
+        try:
+            with progress.step(f"{args.model}: shape-only profile ({args.target})"):
+                prof = profile_shape_only(gen, args.target, progress)
+        except NkiSimError as e:
+            return report_kernel_error(e, verbose, progress)
+        with progress.step(f"{args.model}: cost model ({args.parameters})"):
+            est = estimate_kernel(build_view(gen.source, prof), load_params(args.target, args.parameters))
+        progress.finish()
         print(f"modeled on {args.target} (one core, cost-model parameters: {args.parameters}): "
               f"{est.seconds * 1e3:.3f} ms per step, "
               f"{est.per_layer_seconds() * 1e6:.1f} us per layer, {est.total.bound()}-bound", file=sys.stderr)
@@ -140,7 +249,7 @@ def write_report_html(args: argparse.Namespace, cap: Any, report: Any) -> str:
     from . import html
     from .analysis import NotRun, analyze_model
 
-    progress = Progress(None)
+    progress = Progress.for_cli()
     target = getattr(cap.session.settings, "target", "trn2") or "trn2"
     perf = None
     try:
@@ -149,7 +258,9 @@ def write_report_html(args: argparse.Namespace, cap: Any, report: Any) -> str:
                               progress=progress)
         perf = perfs[target]
     except Exception as e:  # noqa: BLE001 - the capture part of the report is still worth writing
+        progress.finish()
         print(f"(no modeled performance in the HTML report: {type(e).__name__}: {e})", file=sys.stderr)
+    progress.finish()
     if isinstance(perf, NotRun):
         print(f"(no modeled performance in the HTML report: the kernel was not run: {perf.reason})", file=sys.stderr)
         perf = None

@@ -25,10 +25,15 @@ class ModelSpec:
     config: dict[str, Any]
     meta: bool = False  # full size: build on the meta device
     dtype: str = "float32"  # default dtype (full-size models default to bf16, as deployed)
+    config_class: Any = None  # a user's family (fusegraph.models.custom): its config and causal-LM classes
+    model_class: Any = None
 
     def make_config(self, **overrides: Any):
-        cfg_cls = _families()[self.family][0]
+        cfg_cls = self.config_class or _families()[self.family][0]
         return cfg_cls(**{**self.config, **overrides})
+
+    def causal_lm_class(self) -> type:
+        return self.model_class or _families()[self.family][1]
 
 
 def _families() -> dict[str, tuple[type, type]]:
@@ -109,16 +114,14 @@ def build_decode(name: str, *, dtype: str | torch.dtype | None = None, attn: str
     """Build a bundled model and its decode step. Tiny models are prefilled eagerly on CPU; meta models are not."""
     from transformers import StaticCache
 
-    if name not in MODELS:
-        raise KeyError(f"unknown model {name!r}; bundled: {', '.join(MODELS)}")
-    spec = MODELS[name]
+    spec = MODELS[name] if name in MODELS else resolve_model(name)
     dtype = dtype or spec.dtype
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     overrides = dict(config_overrides or {})
     if num_layers is not None:
         overrides["num_hidden_layers"] = num_layers
     cfg = spec.make_config(**overrides)
-    model_cls = _families()[spec.family][1]
+    model_cls = spec.causal_lm_class()
     kwargs: dict[str, Any] = {"attn_implementation": attn}
     if spec.family == "qwen3_moe":
         kwargs["experts_implementation"] = experts
@@ -128,9 +131,15 @@ def build_decode(name: str, *, dtype: str | torch.dtype | None = None, attn: str
         model = model_cls._from_config(cfg, dtype=torch_dtype, **kwargs).eval()
     if device != "meta":
         _spread_router_weights(model)
+    if spec.model_class is not None:  # a user's family: its classes were just imported (see build_family_decode)
+        from ..capture.rewrites import install_rewrites
+
+        install_rewrites()
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
     if device == "meta":
-        cache.early_initialization(batch, cfg.num_key_value_heads, cfg.head_dim, torch_dtype, torch.device("meta"))
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        cache.early_initialization(batch, kv_heads, head_dim, torch_dtype, torch.device("meta"))
         token = torch.zeros(batch, 1, dtype=torch.long, device="meta")
         position = torch.full((batch, 1), prompt_len, dtype=torch.long, device="meta")
     else:
@@ -141,6 +150,27 @@ def build_decode(name: str, *, dtype: str | torch.dtype | None = None, attn: str
         position = torch.full((batch, 1), prompt_len, dtype=torch.long)
     return DecodeCase(name=name, model=model, cache=cache, token=token, position=position, dtype=torch_dtype,
                       options={"attn": attn, "experts": experts, "batch": batch, "max_cache_len": max_cache_len})
+
+
+def resolve_model(name: str, size: str = "tiny") -> ModelSpec:
+    """The spec of ``name``: a bundled model, or an HF family name / config.json path
+    (:mod:`fusegraph.models.custom`, ``size`` "tiny" or "full"), which is then registered in :data:`MODELS` under
+    ``name`` so that every command finds it. Raises ``KeyError`` (unknown name) or ``ValueError`` (a config
+    that cannot be built), each with a one-line message."""
+    from .custom import ModelSpecError, custom_spec
+
+    if name in MODELS and MODELS[name].model_class is None:
+        return MODELS[name]
+    try:
+        spec = custom_spec(name, size)
+    except ModelSpecError as e:
+        if name in MODELS:
+            return MODELS[name]
+        if str(e).startswith("unknown model"):
+            raise KeyError(str(e)) from None
+        raise
+    MODELS[name] = spec
+    return spec
 
 
 def build_family_decode(family: str, *, attn: str = "eager", dtype: str = "float32", prompt_len: int = 8,

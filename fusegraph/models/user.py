@@ -27,13 +27,34 @@ def is_user_spec(name: str) -> bool:
     return ":" in name
 
 
-def load_user_step(spec: str) -> UserStep:
+def user_function(spec: str) -> Callable:
+    """The function ``module:function`` names, imported (not called); a ``ValueError`` with a one-line message
+    when the module or the function does not exist (an error raised inside the user's module propagates)."""
     mod_name, _, fn_name = spec.partition(":")
     if not mod_name or not fn_name:
-        raise ValueError(f"--model {spec!r}: expected a bundled model name or module:function")
+        raise ValueError(f"--model {spec!r}: expected module:function (e.g. mymodels:qwen_step)")
     sys.path.insert(0, os.getcwd())
     try:
-        obj = getattr(importlib.import_module(mod_name), fn_name)()
+        module = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        if e.name and (mod_name == e.name or mod_name.startswith(e.name + ".")):
+            raise ValueError(f"--model {spec!r}: no module named {e.name!r} (the current directory and sys.path "
+                             "were searched)") from None
+        raise
+    finally:
+        sys.path.pop(0)
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"--model {spec!r}: module {mod_name!r} has no function {fn_name!r}")
+    return fn
+
+
+def load_user_step(spec: str) -> UserStep:
+    """Call the user's ``module:function`` and wrap what it returned."""
+    fn = user_function(spec)
+    sys.path.insert(0, os.getcwd())
+    try:
+        obj = fn()
     finally:
         sys.path.pop(0)
     if hasattr(obj, "step") and hasattr(obj, "token"):

@@ -84,12 +84,22 @@ def _hf_mixtral_moe(x, wr, gu, dn, K):
 @pytest.mark.parametrize("T", [1, 2])  # 1: the per-token path; 2: the grouped path
 def test_fp32_routing_weights_bit_exact_to_hf(T):
     """With fp32 routing weights (``round_terms=False``) the kernel and the reference VM equal HF Mixtral's bf16
-    MoE bit for bit; rounding each term to bf16 first (``round_terms=True``, the bf16-weights form) does not, so
+    MoE (bit for bit here; asserted to one bf16 step, see below); rounding each term to bf16 first (``round_terms=True``, the bf16-weights form) does not, so
     this test fails without the variant's dtype flow."""
     b, tensors = _router_experts(T, round_terms=False)
     _, res, ref, _ = b.run(chunk_bytes=4096)
     want = _hf_mixtral_moe(*tensors)
-    assert torch.equal(res["out_y"], want) and torch.equal(ref["out_y"], want)
+    # the interpreter's matmuls (numpy) and HF's bf16 bmm (torch) sum in their own orders: equal here, but another
+    # CPU may round an fp32 sum to the neighbouring bf16 value; the bf16-terms form differs far more (observed: 31-34%
+    # of the elements, up to 14%), so within one bf16 step on at most 2% of the elements still tells them apart
+    assert _within_one_bf16_step(res["out_y"], want) and _within_one_bf16_step(ref["out_y"], want)
     b, _ = _router_experts(T, round_terms=True)
     _, res, _, _ = b.run(chunk_bytes=4096)
-    assert not torch.equal(res["out_y"], want)
+    assert not _within_one_bf16_step(res["out_y"], want)
+
+
+def _within_one_bf16_step(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Every element within one bf16 rounding step (2^-7 relative) of ``want``, and at most 2% of them not equal."""
+    g, w = got.float(), want.float()
+    close = bool(((g - w).abs() <= w.abs() * 2 ** -7 + 1e-30).all())
+    return close and (got != want).float().mean().item() <= 0.02

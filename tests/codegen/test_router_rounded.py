@@ -47,6 +47,16 @@ def _dense(weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return torch.zeros(weights.shape[0], E, dtype=weights.dtype).scatter(1, indices.long(), weights)
 
 
+def _equal_but_a_flip(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal but for at most 2 of the weights, each one bf16 step (2^-7 relative) off: the interpreter's fp32 exp is
+    numpy's, the reference VM's and the pattern's torch's; they may differ by an fp32 ulp, which rounding to bf16
+    turns into a one-step flip for about one weight in 2^16. (Observed: equal. The fp32 rounding the rounded
+    variant exists for changes 25-67 of the 256 weights, so this still tells the two apart.)"""
+    g, w = got.float(), want.float()
+    close = bool(((g - w).abs() <= w.abs() * 2 ** -7).all())
+    return close and int((got != want).sum()) <= 2
+
+
 def _keras(logits: torch.Tensor, K: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The pattern variant's own math on the logits (its ``linear`` on one-hot rows is the logits exactly); taken
     from the registry (importing ``patterns`` directly would register the built-ins a second time)."""
@@ -67,13 +77,13 @@ def test_rounded_router_weights_equal_the_variant_bit_for_bit(K, normalize):
     gen, res, ref, _ = b.run(chunk_bytes=4096)
     assert "nl.divide" not in gen.source and ".shift" in gen.source  # the rounded steps, division by reciprocal
     got = res["out_y"][:, :E].to(torch.bfloat16)
-    assert torch.equal(got, _dense(ref["rw"], ref["ri"]))
+    assert _equal_but_a_flip(got, _dense(ref["rw"], ref["ri"]))
     want_w, want_i = _keras(logits, K, normalize)
-    assert torch.equal(got, _dense(want_w, want_i))
+    assert _equal_but_a_flip(got, _dense(want_w, want_i))
     assert res["out_tie"].sum() == 0
     fp32 = torch.topk(torch.softmax(logits.float(), -1), K)
     fp32_w = fp32.values / fp32.values.sum(-1, keepdim=True) if normalize else fp32.values
-    assert not torch.equal(got, _dense(fp32_w.to(torch.bfloat16), fp32.indices))
+    assert not _equal_but_a_flip(got, _dense(fp32_w.to(torch.bfloat16), fp32.indices))  # observed: 25-67 differ
 
 
 def test_fp32_rounding_kernel_differs_from_the_rounded_reference():
@@ -83,7 +93,7 @@ def test_fp32_rounding_kernel_differs_from_the_rounded_reference():
     logits = (torch.randn(32, E) * 2).to(torch.bfloat16)
     _, res, _, _ = _program(logits, 2, True, "fp32").run(chunk_bytes=4096)
     want_w, want_i = _keras(logits, 2, True)
-    assert not torch.equal(res["out_y"][:, :E].to(torch.bfloat16), _dense(want_w, want_i))
+    assert not _equal_but_a_flip(res["out_y"][:, :E].to(torch.bfloat16), _dense(want_w, want_i))
 
 
 def test_rounded_ties_set_the_guard():

@@ -256,4 +256,6 @@ def test_lnc2_split_matches_lnc1(dtype):
     for name in ("o", "logits"):
         _check(gen2, res2, ref, name, dtype)
         torch.testing.assert_close(res2[f"out_{name}"].float(), res1[f"out_{name}"].float(), **TOL[dtype])
-    assert torch.equal(kern2["k_cache"], kern1["k_cache"]) and torch.equal(kern2["v_cache"], kern1["v_cache"])
+    # the written rows are a Linear's output: LNC=2 splits its matmuls (other shapes), so to rounding, not bitwise
+    for cache in ("k_cache", "v_cache"):
+        torch.testing.assert_close(kern2[cache].float(), kern1[cache].float(), **TOL[dtype])

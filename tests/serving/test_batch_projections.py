@@ -40,7 +40,8 @@ def test_stored_projection_streams_its_output_chunks(dtype, T, lnc):
     # the same kernel with chunks large enough for the whole output tile: one store, same values
     whole_gen, whole, _, _ = _head(T, dtype).run(chunk_bytes=64 * 1024, lnc=lnc)
     assert "straight to HBM" not in whole_gen.source
-    assert torch.equal(whole["out_logits"], res["out_logits"])
+    # other chunk sizes are matmuls of other widths (a BLAS may round them differently): to rounding
+    torch.testing.assert_close(whole["out_logits"].float(), res["out_logits"].float(), **TOL[dtype])
     # the planned budget does not count the streamed output (8 chunks x T tokens per partition) as live
     assert gen.budget.items["activations (live at the peak)"] < 8 * T * dtype.itemsize
 

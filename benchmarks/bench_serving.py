@@ -23,7 +23,9 @@ collectives, profiled shape-only at ``kv_index = L - 1`` (``position_assumption`
 
 ``--attention PIPELINE=0`` / ``KT_BY_DMA=1`` / ``PREFETCH=0`` / ``ROW_GROUPS=1``: the same rows with the streamed
 attention's block loop one block at a time / K^T by DMA transpose / the first block read after the layer's KV write /
-one row group per score tile (the JSON records the switches), for the A/B figures of docs/serving.md.
+one row group per score tile (the JSON records the switches), for the A/B figures of docs/serving.md. Each flag is
+the fusegraph option of that name (``attn_pipeline``, ``attn_kt_by_dma``, ``attn_prefetch``, ``attn_row_groups``),
+passed with the build's options.
 """
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def min_bytes(cfg: dict[str, Any], L: int, batch: int) -> dict[str, float]:
             "total_bytes": one["weight_bytes"] + extra + batch * one["kv_bytes"]}
 
 
-def measure(model: str, target: str, L: int, batch: int, layers: int) -> dict[str, Any]:
+def measure(model: str, target: str, L: int, batch: int, layers: int,
+            options: dict[str, Any] | None = None) -> dict[str, Any]:
     """One row: build, profile shape-only at a full cache, cost; or ``status: not run`` with the reason."""
     from fusegraph import nkisim
     from fusegraph.api.kernel import build_for_target, capture_decode
@@ -76,7 +79,7 @@ def measure(model: str, target: str, L: int, batch: int, layers: int) -> dict[st
         kw: dict[str, Any] = {"max_cache_len": L, "num_layers": layers}
         if batch != 1:
             kw["batch"] = batch
-        step = capture_decode(model, options={"target": target}, case_kwargs=kw)
+        step = capture_decode(model, options={"target": target, **(options or {})}, case_kwargs=kw)
         stage = "codegen"
         b = build_for_target(step, target, profile=False)
         stage = "profile"
@@ -124,24 +127,36 @@ TP_COLUMNS = [("model", "model"), ("target", "target"), ("tp", "TP"), ("lnc", "L
               ("full_model_min_ms_rank", "full min ms/step (rank)")]
 
 
-def set_attention_flags(spec: str) -> dict[str, bool | int]:
-    """``PIPELINE=0,KT_BY_DMA=1,PREFETCH=0,ROW_GROUPS=1`` -> the template switches set for this run (only those
-    exist: an A/B of the pipelined block loop, of K^T by DMA transpose, of the first block read before the layer's KV
-    write and of the row groups (at most N, 1: off) against the defaults); returns every switch's value."""
-    from fusegraph.codegen.ops import attention
+ATTENTION_FLAGS = {"PIPELINE": ("0", "1"), "KT_BY_DMA": ("0", "1"), "PREFETCH": ("0", "1"),
+                   "ROW_GROUPS": ("1", "2", "4")}
 
-    known = {"PIPELINE": ("0", "1"), "KT_BY_DMA": ("0", "1"), "PREFETCH": ("0", "1"), "ROW_GROUPS": ("1", "2", "4")}
+
+def attention_options(spec: str) -> dict[str, bool | int]:
+    """``PIPELINE=0,KT_BY_DMA=1,PREFETCH=0,ROW_GROUPS=1`` -> the fusegraph options of the named switches
+    (``{"attn_pipeline": False, ...}``; only those exist: an A/B of the pipelined block loop, of K^T by DMA
+    transpose, of the first block read before the layer's KV write and of the row groups (at most N, 1: off)
+    against the defaults). Anything else is a usage error naming the accepted flags."""
+    options: dict[str, bool | int] = {}
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
-        if name not in known or value not in known[name]:
+        if name not in ATTENTION_FLAGS or value not in ATTENTION_FLAGS[name]:
             raise SystemExit(f"--attention: {item!r} is not one of "
-                             + ", ".join(f"{k}={'|'.join(v)}" for k, v in known.items()))
-        setattr(attention, name, int(value) if name == "ROW_GROUPS" else value == "1")
-    return {k: (int if k == "ROW_GROUPS" else bool)(getattr(attention, k)) for k in known}
+                             + ", ".join(f"{k}={'|'.join(v)}" for k, v in ATTENTION_FLAGS.items()))
+        options[f"attn_{name.lower()}"] = int(value) if name == "ROW_GROUPS" else value == "1"
+    return options
+
+
+def attention_flags(options: dict[str, Any]) -> dict[str, bool | int]:
+    """Every switch's value for this run (the defaults, with ``options`` applied and the environment's
+    ``FUSEGRAPH_ATTN_*``), as the JSON records it."""
+    from fusegraph.settings import Settings
+
+    s = Settings.from_options(options)
+    return {k: getattr(s, f"attn_{k.lower()}") for k in ATTENTION_FLAGS}
 
 
 def run_tp(specs: str, lens: list[int], batches: list[int], layers: int, out: str,
-           flags: dict[str, bool] | None = None) -> int:
+           flags: dict[str, bool] | None = None, options: dict[str, Any] | None = None) -> int:
     """``--tp``: one rank of each TP row at every cache length and batch (``fusegraph.modelperf.tp``), written
     to ``out`` after every row (a long run keeps what it measured)."""
     from fusegraph.modelperf import tp
@@ -154,7 +169,8 @@ def run_tp(specs: str, lens: list[int], batches: list[int], layers: int, out: st
         base.append(known.get(key) or tp.TPConfig(*key))
     from dataclasses import replace
 
-    base = [replace(r, layers=layers) for r in base]
+    base = [replace(r, layers=layers, options=tuple(r.options) + tuple(sorted((options or {}).items())))
+            for r in base]
     rows: list[dict[str, Any]] = []
     for cfg in tp.serving_rows(base, lens, batches):
         t0 = time.perf_counter()
@@ -188,20 +204,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", action="store_true", help="the rows on the tensor-parallel configuration, one rank each")
     ap.add_argument("--tp-rows", default="qwen3-30b-a3b:trn3:4:2", help="model:target:tp:lnc,... (with --tp)")
     ap.add_argument("--attention", default="", metavar="FLAG=0|1,...",
-                    help="A/B switches of the streamed attention template (codegen.ops.attention): PIPELINE, KT_BY_DMA, "
+                    help="A/B switches of the streamed attention template (the attn_* options): PIPELINE, KT_BY_DMA, "
                          "PREFETCH (0|1), ROW_GROUPS (1|2|4)")
     args = ap.parse_args(argv)
-    flags = set_attention_flags(args.attention)
+    options = attention_options(args.attention)
+    flags = attention_flags(options)
     if args.tp:
         return run_tp(args.tp_rows, [int(x) for x in args.cache_lens.split(",")],
                       [int(x) for x in args.batches.split(",")], args.layers,
-                      args.out or "bench-results/serving_tp.json", flags)
+                      args.out or "bench-results/serving_tp.json", flags, options)
     args.out = args.out or "bench-results/serving.json"
     rows = []
     for model in args.models.split(","):
         for batch in map(int, args.batches.split(",")):
             for L in map(int, args.cache_lens.split(",")):
-                r = measure(model, args.target, L, batch, args.layers)
+                r = measure(model, args.target, L, batch, args.layers, options)
                 print(json.dumps({k: r.get(k) for k in ("model", "cache_len", "batch", "status", "sbuf_peak_kib",
                                                         "hbm_vs_min", "full_model_ms_per_token", "reason")}),
                       flush=True)

@@ -27,7 +27,7 @@ FACADE_NAMES = {"__version__"}
 #: the layering (docs/architecture.md, "Layers"), lowest first: a package imports only from its own layer or a
 #: lower one (and the graph has no cycle, which orders packages within a layer)
 LAYERS: list[set[str]] = [
-    {"settings", "warnings", "nkiapi"},
+    {"settings", "warnings", "nkiapi", "securefiles"},
     {"program", "nkisim"},
     {"capture", "models", "stablehlo"},
     {"matching", "patterns"},

@@ -32,6 +32,14 @@ OTHER = "llama-tiny"
 TOL = 1e-4  # fp32 kernel vs eager, relative to the logit scale (as in test_megakernel_e2e)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _user_config(tmp_path_factory):
+    """The per-user cache key of these tests lives in a private config dir (processes started here inherit it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _pinned_templates_hash(monkeypatch):
     """Others edit codegen while suites run; a key must not move between two compiles of one test."""
@@ -95,18 +103,35 @@ def _entries(cache_dir: Path) -> list[Path]:
     return sorted(cache_dir.glob("*.py"))
 
 
+def _body(path: Path) -> str:
+    """An entry's manifest line and source (what follows its MAC line)."""
+    return path.read_text().split("\n", 1)[1]
+
+
+def _source(path: Path) -> str:
+    return _body(path).split("\n", 1)[1]
+
+
 def _manifest(path: Path) -> dict:
-    first = path.read_text().split("\n", 1)[0]
+    first = _body(path).split("\n", 1)[0]
     return json.loads(first[len(kernel_cache.MANIFEST_PREFIX):])
 
 
-def _resign(path: Path, source: str, **manifest) -> None:
-    """Write ``source`` under ``path`` with a manifest whose hash matches it: an entry whose damage the content
-    hash cannot see (a buggy writer, a forged file), for the checks behind the hash."""
+def _forge(path: Path, source: str, **manifest) -> str:
+    """The body an attacker without the key can write: ``source`` under a manifest whose hash matches it."""
     import hashlib
 
     m = {**_manifest(path), **manifest, "sha256": hashlib.sha256(source.encode()).hexdigest()}
-    path.write_text(kernel_cache.MANIFEST_PREFIX + json.dumps(m) + "\n" + source)
+    return kernel_cache.MANIFEST_PREFIX + json.dumps(m) + "\n" + source
+
+
+def _resign(path: Path, source: str, **manifest) -> None:
+    """Write ``source`` under ``path`` with a manifest whose hash matches it, authenticated with this user's key:
+    an entry whose damage neither the MAC nor the content hash can see (a buggy writer), for the checks behind
+    them."""
+    from fusegraph.securefiles import user_key
+
+    path.write_text(kernel_cache.sealed_text(user_key(), path.stem, _forge(path, source, **manifest)))
 
 
 @pytest.fixture(scope="module")
@@ -158,23 +183,26 @@ def _corrupt(kind: str, cache: Path, pristine: Path) -> None:
     elif kind == "other model's kernel":
         (other,) = _entries(pristine / "other")
         shutil.copy(other, entry)
-    elif kind == "other model's kernel, key forged":  # the hash and key are right: only the signature check sees it
+    elif kind == "other model's kernel, key forged":  # MAC, hash and key right: only the signature check sees it
         (other,) = _entries(pristine / "other")
         shutil.copy(other, entry)
-        _resign(entry, other.read_text().split("\n", 1)[1], key=entry.stem)
+        _resign(entry, _source(other), key=entry.stem)
     elif kind == "legacy file without manifest":
-        entry.write_text(text.split("\n", 1)[1])
+        entry.write_text(_source(entry))
+    elif kind == "format 2 entry (no MAC)":
+        entry.write_text(_body(entry))
     else:  # pragma: no cover
         raise AssertionError(kind)
 
 
 REASONS = {
-    "changed constant": "content hash mismatch",
-    "truncated": "content hash mismatch",
+    "changed constant": "authentication failed",
+    "truncated": "authentication failed",
     "empty": "empty file",
-    "other model's kernel": "it is the entry of key",
+    "other model's kernel": "authentication failed",  # the MAC binds an entry to its key
     "other model's kernel, key forged": "do not match this kernel's",
-    "legacy file without manifest": "no manifest line",
+    "legacy file without manifest": "no MAC line",
+    "format 2 entry (no MAC)": "no MAC line",
 }
 
 
@@ -205,7 +233,7 @@ def test_good_entry_is_a_hit_and_equal_to_a_fresh_build(cache):
     before = (cache / f"{key}.py").read_text()
     out = _run(cache)
     assert [p.cache_hit for p in out.plans] == [True] and out.executed_by == ["nkisim"] and not out.warnings
-    assert out.plans[0].generated.source == before.split("\n", 1)[1]
+    assert out.plans[0].generated.source == before.split("\n", 2)[2]
     assert (cache / f"{key}.py").read_text() == before  # a hit does not rewrite
 
 
@@ -315,7 +343,7 @@ def test_entry_checks_behind_the_hash(cache):
     that does not compile, another format -- each a CorruptEntry with its reason; a good one is renamed."""
     (entry,) = _entries(cache)
     key, text = entry.stem, entry.read_text()
-    source = text.split("\n", 1)[1]
+    source = _source(entry)
     good = kernel_cache.read_entry(entry, key, "fusegraph_g7_r3")
     assert "def fusegraph_g7_r3(" in good.source and "fusegraph_g0_r0" not in good.source
     assert good.function == "fusegraph_g0_r0"
@@ -432,7 +460,7 @@ def test_entry_that_passes_its_checks_but_fails_verification_is_discarded(cache)
     """The cache's checks cannot see a wrong kernel whose manifest was re-signed (a buggy writer); verification
     (on by default) does: the region runs eagerly, and the entry is deleted so the next process rebuilds it."""
     (entry,) = _entries(cache)
-    _resign(entry, _change_a_constant(entry.read_text().split("\n", 1)[1]))
+    _resign(entry, _change_a_constant(_source(entry)))
     _fresh()
     case = build_decode(MODEL)
     step = torch.compile(_step, backend="fusegraph", dynamic=False,

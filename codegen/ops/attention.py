@@ -2,7 +2,7 @@
 
 Two templates, chosen by the cache length (:func:`stream_plan`):
 
-* ``attention.j2`` (caches of up to :data:`STREAM_ABOVE` positions): per kv head the whole K^T and score row in
+* ``attention.j2`` (caches of up to ``StreamSwitches.stream_above`` positions): per kv head the whole K^T and score row in
   SBUF, K row tiles transposed on the Tensor engine, scores for the head group, scale (+ ``tanh``
   soft-capping) + mask, softmax (``tensor_reduce`` max, ``activation(exp)`` with reduce, ``reciprocal``), P^T V
   accumulated over position tiles. Rounds exactly like eager (probabilities normalized, then rounded).
@@ -24,11 +24,11 @@ Two templates, chosen by the cache length (:func:`stream_plan`):
   running states are combined with one ``sendrecv``. Any cache length streams: when ``Lb`` does not divide it, the
   first ``L % Lb`` positions are one more, shorter block (:func:`block_starts`; read as a multiple of 128 with
   the overlap masked), first under a head split, after the combine under a block split. The block loop is
-  software-pipelined (:data:`PIPELINE`): iteration k computes block k's scores while block k - 1's softmax and
+  software-pipelined (``StreamSwitches.pipeline``): iteration k computes block k's scores while block k - 1's softmax and
   P.V run, so the in-order Tensor, Vector and Scalar engines work on two blocks at once. The first block of sequence 0
-is read at the start of the layer, before its KV write (:data:`PREFETCH`; read again after the write only when this
+is read at the start of the layer, before its KV write (``StreamSwitches.prefetch``; read again after the write only when this
 step's row falls in it: bit-identical). A core with few query rows splits each block's positions into row groups
-(:data:`ROW_GROUPS`: ``[groups x rows, Lb / groups]`` score tiles, one running state per group, folded by one matmul
+(``StreamSwitches.row_groups``: ``[groups x rows, Lb / groups]`` score tiles, one running state per group, folded by one matmul
 at the end), so a softmax instruction runs over ``Lb / groups`` columns. Rounding: scores exactly as below; the probabilities are
   rounded before normalization (``exp(s - running max)`` in the query dtype, the sum and the rescaling in fp32,
   one division at the end), see docs/serving.md for the tolerance.
@@ -38,8 +38,10 @@ keeps fp32 (the match's ``variant``).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 
@@ -53,37 +55,75 @@ from ..render import nl_dtype
 
 V = ir.ValueKind
 
-#: caches longer than this are streamed (flash-decoding); up to it the single-pass template keeps the whole row.
-#: 1024: at 2,048 positions the streamed template is modeled faster on one core (Qwen3-30B-A3B 290 -> 250 us/layer,
-#: Llama-3-8B 959 -> 885) and on TP ranks (Qwen3 rank 71.7 -> 63.9, Llama rank at batch 8 274 -> 198); at 640 a
-#: TP rank with one kv head under LNC=2 (blocks of 128 split between the cores) is modeled slower streamed (58.6 ->
-#: 63.4), so short caches keep the single pass (docs/serving.md, "Benchmark")
-STREAM_ABOVE = 1024
-#: the largest streamed block, in positions (one K and one V DMA of Lb x head_dim per block and kv head)
-BLOCK_MAX = 2048
-#: the largest SBUF scratch per partition a streamed block may take (a smaller block is chosen above it)
-STREAM_SCRATCH_MAX = 64 * 1024
-#: K^T of a streamed block by an indirect DMA transpose (HBM -> SBUF, as nki-library's decode attention_tkg loads
-#: K) instead of Tensor-engine transposes and PSUM evictions; see :func:`kt_by_dma` for when it applies. Off by
-#: default: with the transpose at O6's 90% of the DMA throughput the long-context step is DMA-bound and the cost
-#: model puts it 0.3-0.7% slower for Qwen3-30B-A3B (1.6% faster for Llama-3-8B at 131,072), and nki-library's own
-#: notes report a regression from replacing nc_transpose by dma_transpose in a DMA-bound kernel
-KT_BY_DMA = False
-#: the block loop software-pipelined (iteration k computes block k's scores while block k - 1's softmax and P.V run:
-#: the Tensor, Vector and Scalar engines work on two blocks at once instead of passing one block down a chain);
-#: caches that are a multiple of the block (no short first block under a head split), not paged
-PIPELINE = True
-#: the first block of sequence 0 read at the start of the attention's layer, before the layer's KV write (and the
-#: projections that write waits for), and read again after it only when this step's row falls in it (a guarded DMA):
-#: the layer's first cache read no longer waits for the layer's first matmuls and the write's round trip. Streamed,
-#: position-bounded (the KV write's index is known), head split, not paged
-PREFETCH = True
-#: at most this many *row groups* share a score tile: each row group holds its own contiguous part of every block
-#: (positions j x Lb / groups ...) with its own running softmax state, and the groups are folded once at the end, so a
-#: core with few query rows (a TP rank's one kv head: 8 rows) fills more partitions and each Vector/Scalar
-#: instruction of a block runs over Lb / groups columns instead of Lb (its cost is its free size). 4: the P^T copies
-#: into a group's partitions must start at 0/32/64/96 (nkisim's start-partition rule); 1 turns it off
-ROW_GROUPS = 4
+@dataclass(frozen=True)
+class StreamSwitches:
+    """The tuning switches of the decode attention templates. Why a value and not module globals: they change the
+    generated kernel, so they come from :class:`fusegraph.settings.Settings` (``attn_*`` options, part of the
+    kernel cache key) and one build sees one set of them (:func:`use_switches`), never another thread's edit."""
+
+    #: caches longer than this are streamed (flash-decoding); up to it the single-pass template keeps the whole row.
+    #: 1024: at 2,048 positions the streamed template is modeled faster on one core (Qwen3-30B-A3B 290 -> 250
+    #: us/layer, Llama-3-8B 959 -> 885) and on TP ranks (Qwen3 rank 71.7 -> 63.9, Llama rank at batch 8 274 -> 198);
+    #: at 640 a TP rank with one kv head under LNC=2 (blocks of 128 split between the cores) is modeled slower
+    #: streamed (58.6 -> 63.4), so short caches keep the single pass (docs/serving.md, "Benchmark")
+    stream_above: int = 1024
+    #: the largest streamed block, in positions (one K and one V DMA of Lb x head_dim per block and kv head)
+    block_max: int = 2048
+    #: the largest streamed block of a paged attention (``paged_attention.py``)
+    paged_block_max: int = 512
+    #: the largest SBUF scratch per partition a streamed block may take (a smaller block is chosen above it)
+    scratch_max: int = 64 * 1024
+    #: the block loop software-pipelined (iteration k computes block k's scores while block k - 1's softmax and P.V
+    #: run: the Tensor, Vector and Scalar engines work on two blocks at once instead of passing one block down a
+    #: chain); caches that are a multiple of the block (no short first block under a head split), not paged
+    pipeline: bool = True
+    #: the first block of sequence 0 read at the start of the attention's layer, before the layer's KV write (and
+    #: the projections that write waits for), and read again after it only when this step's row falls in it (a
+    #: guarded DMA): the layer's first cache read no longer waits for the layer's first matmuls and the write's
+    #: round trip. Streamed, position-bounded (the KV write's index is known), head split, not paged
+    prefetch: bool = True
+    #: K^T of a streamed block by an indirect DMA transpose (HBM -> SBUF, as nki-library's decode attention_tkg
+    #: loads K) instead of Tensor-engine transposes and PSUM evictions; see :func:`kt_by_dma` for when it applies.
+    #: Off by default: with the transpose at O6's 90% of the DMA throughput the long-context step is DMA-bound and
+    #: the cost model puts it 0.3-0.7% slower for Qwen3-30B-A3B (1.6% faster for Llama-3-8B at 131,072), and
+    #: nki-library's own notes report a regression from replacing nc_transpose by dma_transpose in a DMA-bound kernel
+    kt_by_dma: bool = False
+    #: at most this many *row groups* share a score tile: each row group holds its own contiguous part of every
+    #: block (positions j x Lb / groups ...) with its own running softmax state, and the groups are folded once at
+    #: the end, so a core with few query rows (a TP rank's one kv head: 8 rows) fills more partitions and each
+    #: Vector/Scalar instruction of a block runs over Lb / groups columns instead of Lb (its cost is its free size).
+    #: 4: the P^T copies into a group's partitions must start at 0/32/64/96 (nkisim's start-partition rule); 1 off
+    row_groups: int = 4
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "StreamSwitches":
+        """The switches a :class:`fusegraph.settings.Settings` asks for (its ``attn_*`` fields)."""
+        return cls(stream_above=settings.attn_stream_above, block_max=settings.attn_block_max,
+                   paged_block_max=settings.attn_paged_block_max, scratch_max=settings.attn_stream_scratch_kib * 1024,
+                   pipeline=settings.attn_pipeline, prefetch=settings.attn_prefetch,
+                   kt_by_dma=settings.attn_kt_by_dma, row_groups=settings.attn_row_groups)
+
+
+DEFAULT_SWITCHES = StreamSwitches()
+_SWITCHES: contextvars.ContextVar[StreamSwitches] = contextvars.ContextVar("attention_switches",
+                                                                          default=DEFAULT_SWITCHES)
+
+
+def switches() -> StreamSwitches:
+    """The switches of the build running in this thread (:data:`DEFAULT_SWITCHES` outside :func:`use_switches`)."""
+    return _SWITCHES.get()
+
+
+@contextlib.contextmanager
+def use_switches(sw: StreamSwitches) -> Iterator[StreamSwitches]:
+    """Generate kernels with ``sw`` inside the ``with`` (per thread and context: concurrent builds do not mix)."""
+    token = _SWITCHES.set(sw)
+    try:
+        yield sw
+    finally:
+        _SWITCHES.reset(token)
+
+
 KV_INDEX = "kv_index"  # the SBUF tile of this step's cache positions (loaded once per step, shared with KV writes)
 KV_NEXT = "kv_next"  # the positions + 1 (computed once per step): the bound of the position-bounded block loop
 
@@ -104,15 +144,16 @@ def stream_plan(L: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, 
     takes the largest block within the scratch limit and reads its first ``L % Lb`` positions as one more, shorter
     block (both cores need a block each under a block split);
     ``heads``: kv heads sharing one score tile (:func:`head_group`), whose K/V tiles a block holds at once."""
-    if not block and L <= STREAM_ABOVE:
+    sw = switches()
+    if not block and L <= sw.stream_above:
         return None
-    top = min(block or BLOCK_MAX, L // 2 if pos_split else L)
+    top = min(block or sw.block_max, L // 2 if pos_split else L)
     best = None
     for Lb in range(PMAX, top + 1, PMAX):
         if L % PMAX == 0 and L % Lb:
             continue  # a multiple of 128 streams in equal blocks; any other length has one more, shorter block
         scratch = _stream_scratch(Lb, D, G, split, kvb, qb, mb, sb, pos_split, heads)
-        if best is None or scratch <= STREAM_SCRATCH_MAX:
+        if best is None or scratch <= sw.scratch_max:
             best = (Lb, scratch)
     if best is None:
         raise CodegenError(f"no block of {PMAX}-multiples fits {L} cache positions"
@@ -142,7 +183,7 @@ def _stream_scratch(Lb: int, D: int, G: int, split: int, kvb: int, qb: int, mb: 
 
 
 def _prefetch_bytes(bL: int, D: int, heads: int, kvb: int, mb: int, pipe: bool, kt_dma: bool) -> int:
-    """SBUF bytes per partition of the prefetched first block (:data:`PREFETCH`), live from the layer's start to the
+    """SBUF bytes per partition of the prefetched first block (``StreamSwitches.prefetch``), live from the layer's start to the
     attention: K (or K^T by DMA), the mask, and V unless the pipelined loop loads block 0's V later."""
     nb = bL // PMAX
     k = heads * nb * (PMAX if kt_dma else D) * kvb
@@ -150,14 +191,14 @@ def _prefetch_bytes(bL: int, D: int, heads: int, kvb: int, mb: int, pipe: bool, 
 
 
 def kt_by_dma(Lb: int, Lr: int, D: int, split: int, kvb: int, rows: int, *, paged: bool, pos_split: bool) -> bool:
-    """Whether a streamed block takes K^T by ``dma_transpose`` (:data:`KT_BY_DMA`). Why these conditions: the DMA
+    """Whether a streamed block takes K^T by ``dma_transpose`` (``StreamSwitches.kt_by_dma``). Why these conditions: the DMA
     transpose of an indirect (runtime-row) source needs a 2-byte dtype and a last dim of at most 128 (one partition
     tile per head, ``split == 1``), the loop's row index advances by whole rows of ``Lb / 128`` positions (a
     head split; a block split's per-core start is not done), and the score matmuls read K^T back in position
     order through a strided view, so every 512-column score chunk must be whole rows (``Lb / 128`` divides its
     start and size), and the cache's ``rows`` (batch x kv heads x positions) view as whole rows of ``Lb / 128``
     positions (the indirect index counts those rows). Paged gathers keep the Tensor-engine transposes."""
-    if not KT_BY_DMA or paged or pos_split or split != 1 or kvb != 2 or D > PMAX:
+    if not switches().kt_by_dma or paged or pos_split or split != 1 or kvb != 2 or D > PMAX:
         return False
     for L_, nb in ((Lb, Lb // PMAX), (Lr, Lr // PMAX)):
         if L_ and (rows % nb or any(c % nb or n % nb for c, n, _ in tiles(L_, MOVING_MAX))):
@@ -167,17 +208,18 @@ def kt_by_dma(Lb: int, Lr: int, D: int, split: int, kvb: int, rows: int, *, page
 
 def row_groups(R: int, nb: int, *, r: int, paged: bool, kt_dma: bool,
                scratch: Callable[[int], int] | None = None) -> int:
-    """Row groups of a streamed block (:data:`ROW_GROUPS`): the most, up to it, with at most 128 rows in all that
+    """Row groups of a streamed block (``StreamSwitches.row_groups``): the most, up to it, with at most 128 rows in all that
     divide the block's 128-position tiles (``nb``) and whose block scratch (``scratch(groups)``) stays within
-    :data:`STREAM_SCRATCH_MAX` (or within one group's, if that is above it: the zero-padded q and P^T grow with the
+    ``StreamSwitches.scratch_max`` (or within one group's, if that is above it: the zero-padded q and P^T grow with the
     groups); 1 for a short first block (``r``), paged gathers and K^T by DMA (its strided score read is per
     position row)."""
     if r or paged or kt_dma:
         return 1
-    fits = [g for g in range(1, ROW_GROUPS + 1) if g == 1 or (g * R <= PMAX and nb % g == 0 and PMAX % g == 0
+    sw = switches()
+    fits = [g for g in range(1, sw.row_groups + 1) if g == 1 or (g * R <= PMAX and nb % g == 0 and PMAX % g == 0
                                                               and (PMAX // g) % 32 == 0)]
     if scratch is not None:
-        limit = max(STREAM_SCRATCH_MAX, scratch(1))
+        limit = max(sw.scratch_max, scratch(1))
         fits = [g for g in fits if scratch(g) <= limit]
     return max(fits)
 
@@ -343,7 +385,7 @@ class Attention(ir.Instruction):
         if pg > 1 and f"fold_{pg}x{R}" not in ctx.consts:  # constants() decided otherwise: never fold without it
             raise CodegenError(f"attention: {pg} row groups of {R} rows without their fold matrix")
         scratch = self._scratch(ctx, Lb, HC, pos_split, pg)
-        pipe = PIPELINE and more and not paged.get("paged") and not (r and not pos_split)
+        pipe = switches().pipeline and more and not paged.get("paged") and not (r and not pos_split)
         chunks = tiles(Lb // pg, MOVING_MAX)
         # pipelined: the block's score chunks are all live in PSUM at once (evicted after the previous block's softmax)
         e = Emitted(sbuf=scratch + Hq * S * T * qb, psum_banks=5 + (len(chunks) - 1 if pipe else 0))
@@ -354,7 +396,7 @@ class Attention(ir.Instruction):
                                            "p", "lb", "pTz", "pTps", "ops", "st", "sto", "rl", "o", "oTps", "npos",
                                            "qz", "kh", "kio", "kidx", "bmc", "vprev", "nnext", "gT", "gr",
                                            "gm", "gw", "gs", "gf")}
-        prefetch = PREFETCH and dynamic and not pos_split and not paged.get("paged")
+        prefetch = switches().prefetch and dynamic and not pos_split and not paged.get("paged")
         odd_first = bool(r) and not pos_split
         tctx = dict(module=self.module or "", aten=aten(self), name=inst_name(self), D=D, P=P,
                split=S, Hq=Hq, Hkv=Hkv, G=G, L=L, Lb=Lb, nb=nb, T=T, out=v, dtype=nl_dtype(self.out.dtype),

@@ -6,7 +6,7 @@ attention over the blocks each sequence's block table names.
 * :class:`PagedAttention` (``attention_stream.j2`` with ``paged``): the streamed (flash-decoding) attention whose
   K/V block loads are gathers: every run of positions that lies in one cache block is one DMA whose source block
   comes from the block table (loaded once per step into SBUF; ``scalar_offset`` on the pool's block dim). The
-  streamed blocks (:data:`PAGED_BLOCK_MAX` positions at most) are a static loop; every block after the first
+  streamed blocks (``StreamSwitches.paged_block_max`` positions at most) are a static loop; every block after the first
   runs only when the sequence uses it: ``for _ in nl.dynamic_range(start=jb * Lb - 1, stop=<register>)`` runs
   once or never, the register holding the sequence's *extent*, the last position its mask does not mask out
   (:func:`mask_extent`, computed on the host from the mask the step already passes, like the mask itself).
@@ -32,14 +32,13 @@ from ..errors import CodegenError
 from ..layout import PMAX
 from ..lowering import ArgSource, Lowerer
 from ..registry import register_lowering
-from .attention import BLOCK_MAX, Attention, block_starts, stream_plan
+from .attention import Attention, block_starts, stream_plan, switches
 
 V = ir.ValueKind
 
-#: the largest streamed block of a paged attention, in positions: blocks after a sequence's extent are skipped
-#: whole, so a smaller block reads fewer positions past it (at most PAGED_BLOCK_MAX - 1); the gathers are one per
-#: cache block (or 128-position tile) whatever the streamed block is
-PAGED_BLOCK_MAX = 512
+# the largest streamed block of a paged attention is ``StreamSwitches.paged_block_max`` (option attn_paged_block_max,
+# 512 positions): blocks after a sequence's extent are skipped whole, so a smaller block reads fewer positions past
+# it (at most that minus 1); the gathers are one per cache block (or 128-position tile) whatever the streamed block is
 EXTENT = "kv_extent"  # the [1, T] SBUF tile of each sequence's last unmasked position (loaded once per step)
 MASK_EXTENT = "mask_extent"  # ArgSource.convert: the host computes the extent from the step's mask
 
@@ -156,7 +155,7 @@ class PagedAttention(Attention):
         exact = self.q.dtype != torch.float32 and self.rounding == "eager"
         return stream_plan(L, D, self.groups, lay.split, nbytes(self.k_cache.dtype), nbytes(self.q.dtype),
                            nbytes(self.mask.dtype), nbytes(self.q.dtype) if exact else 4,
-                           block=self.block or min(L, BLOCK_MAX, PAGED_BLOCK_MAX))
+                           block=self.block or min(L, switches().block_max, switches().paged_block_max))
 
     def constants(self, ctx: Context) -> dict[str, ir.Constant]:
         """None: paged gathers keep one row group (no fold matrix, see ``attention.row_groups``)."""

@@ -19,6 +19,7 @@ from ..codegen.lowering import lower_region
 from ..codegen.megakernel import generate
 from ..codegen.registry import check as lowerable
 from ..codegen.runtime import abstract_args
+from ..executors.kernel_cache import codegen_options
 from ..executors.kernels import decode_tokens
 from ..matching import Analysis, analyze
 from ..models import build_decode
@@ -87,9 +88,10 @@ def build_for_target(step: CapturedStep, target: str, *, profile: bool = True,
     t2 = time.perf_counter()
     say(f"lowering and generating the megakernel for {target} ({len(region.matches)} matches, {len(region.layers)} layers)")
     lowered = lower_region(step.program, region, decode_tokens(step.program, region), name="fusegraph_decode_step")
-    generated = generate(lowered.program, target=target, chunk_bytes=settings.weight_chunk_kib * 1024,
-                         ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, model=step.model,
-                         region=f"region {region.id} ({region.kind})", lnc=settings.lnc)
+    with codegen_options(settings):  # the attn_* options (as the executors' builds through the kernel cache)
+        generated = generate(lowered.program, target=target, chunk_bytes=settings.weight_chunk_kib * 1024,
+                             ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, model=step.model,
+                             region=f"region {region.id} ({region.kind})", lnc=settings.lnc)
     timings["codegen_s"] = time.perf_counter() - t2
     build = KernelBuild(model=step.model, target=target, program=step.program, analysis=step.analysis, region=region,
                         lowered=lowered, generated=generated, timings=timings)

@@ -7,8 +7,16 @@ another fusegraph version -- and with ``verify=False`` a wrong kernel gives sile
 entry is used only when it is *usable* (see :func:`read_entry` and :func:`fit_problem`); anything else is a miss:
 the kernel is rebuilt, the entry rewritten, and one warning names the file and what was wrong with it.
 
-An entry is one file ``<key>.py``: a manifest comment line, then the kernel source exactly as generated (so the
-file stays readable Python). The manifest holds the format, the key, the sha256 of the source, the kernel
+Why authenticated: anyone who can write the cache directory could otherwise have fusegraph run their Python (an
+entry's source is executed by the interpreter) or serve a kernel that is right on its verified first call and wrong
+later; a checksum they can recompute proves nothing. So the directory is private (created 0700, refused with one
+warning -- the cache is off for the run -- when another user owns it or others can write it), every entry starts
+with an HMAC-SHA256 under a per-user key kept outside the cache (:mod:`fusegraph.securefiles`), checked before the
+entry is parsed, and only regular files are opened (``O_NOFOLLOW | O_NONBLOCK``, ``fstat``; a FIFO never hangs a
+compile). An entry whose MAC fails is a corrupt entry: ignored, replaced, named in one warning.
+
+An entry is one file ``<key>.py``: a MAC comment line, a manifest comment line, then the kernel source exactly as
+generated (so the file stays readable Python). The manifest holds the format, the key, the sha256 of the source, the kernel
 function's name, its arguments and outputs (name, shape, dtype) and, for tools, the stats and SBUF budget. The
 key is over the kernel's *content* (not its name ``fusegraph_g<graph>_r<region>``): a kernel cached for graph 1
 serves graph 0 of a later process, renamed at load time. Entries are written atomically (a temp file unique per
@@ -18,7 +26,9 @@ cannot be written gives one warning and the compile goes on.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -28,15 +38,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+from .. import securefiles
 from ..settings import Settings
 from ..warnings import warn
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 2  # part of the key: entries of older formats are never read (they have other names)
+CACHE_FORMAT = 3  # part of the key: entries of older formats are never read (they have other names)
 MANIFEST_PREFIX = "# fusegraph kernel cache entry: "
+MAC_PREFIX = "# fusegraph kernel cache mac: "
+MAC_PURPOSE = f"kernel-cache-v{CACHE_FORMAT}"
+#: Settings fields that change a generated kernel besides target/weight streaming/budget/lnc: every ``attn_*``
+#: switch of the attention templates (a warm cache must never serve a kernel built with other switches)
+CODEGEN_PREFIXES = ("attn_",)
 # CPython 3.11 builds AST objects with interpreter-global recursion bookkeeping: two threads parsing at once can
 # fail with "SystemError: AST constructor recursion depth mismatch" (fixed in later releases)
 _AST_LOCK = threading.Lock()
@@ -70,6 +86,39 @@ def cache_root(settings: Settings) -> Path | None:
     if settings.cache_dir == "off":
         return None
     return Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
+
+
+def open_cache(root: Path) -> bytes | None:
+    """Make ``root`` a private cache directory and return the per-user key its entries are authenticated with;
+    None (after one warning) when the cache cannot be used this run: a directory that cannot be created, one
+    that is not private, or a key that cannot be trusted (:mod:`fusegraph.securefiles`)."""
+    also = (root.parent,) if root == default_cache_dir() and root.parent.is_dir() else ()
+    try:
+        securefiles.private_dir(root, also)
+        return securefiles.user_key()
+    except securefiles.UnsafeCache as e:
+        warn(f"kernel cache {root} refused: {e}; the kernel cache is off for this run")
+    except OSError as e:
+        warn(f"kernel cache directory {root} is not writable ({e.strerror or type(e).__name__}); "
+             "generated kernels are not cached")
+        log.debug("kernel cache directory %s cannot be created", root, exc_info=e)
+    return None
+
+
+def codegen_settings(settings: Settings) -> dict[str, Any]:
+    """The settings fields besides the streaming/budget ones that decide a kernel's source (the key covers them)."""
+    return {k: v for k, v in sorted(settings.to_dict().items()) if k.startswith(CODEGEN_PREFIXES)}
+
+
+@contextlib.contextmanager
+def codegen_options(settings: Settings) -> Iterator[None]:
+    """Inside the ``with``, kernels are generated with ``settings``' attention switches (``attn_*``). Why here:
+    every kernel build of the executors passes through :func:`generate_cached`, which is also where those settings
+    enter the key; other callers of ``codegen.megakernel.generate`` wrap it in this to honour the options."""
+    from ..codegen.ops.attention import StreamSwitches, use_switches
+
+    with use_switches(StreamSwitches.from_settings(settings)):
+        yield
 
 
 def entry_path(root: Path, key: str) -> Path:
@@ -114,6 +163,7 @@ def cache_key(program_ir: Any, target: str, settings: Settings, region: Any) -> 
             h.update(f"{k}={_fingerprint(v)};".encode())
     h.update(target.encode())
     h.update(f"{settings.weight_buffers}/{settings.weight_chunk_kib}/{settings.sbuf_budget}/lnc{settings.lnc}".encode())
+    h.update(json.dumps(codegen_settings(settings), sort_keys=True).encode())
     h.update(templates_hash().encode())
     h.update(_pattern_fingerprint(region).encode())
     return h.hexdigest()[:24]
@@ -157,22 +207,34 @@ def _kernel_def(tree: ast.Module, function: str) -> ast.FunctionDef | None:
     return None
 
 
-def read_entry(path: Path, key: str, name: str) -> CacheEntry | None:
-    """The entry at ``path``, checked and with its kernel function renamed to ``name``; None if there is none.
+def read_entry(path: Path, key: str, name: str, secret: bytes | None = None) -> CacheEntry | None:
+    """The entry at ``path``, authenticated, checked and with its kernel function renamed to ``name``; None if
+    there is none. ``secret``: the per-user key (default: :func:`fusegraph.securefiles.user_key`).
 
-    Raises :class:`CorruptEntry` for a file that exists but must not be used: no or unreadable manifest,
-    another format or key, a source whose sha256 differs from the manifest's (edited, truncated), a source that
-    does not compile, or no ``@nki.jit`` function with the manifest's name and parameters."""
+    Raises :class:`CorruptEntry` for a file that exists but must not be used: not a regular file (symlink, FIFO,
+    device), too large, no MAC or a MAC that fails (tampered, copied from another key, another user's), no or
+    unreadable manifest, another format or key, a source whose sha256 differs from the manifest's, a source that
+    does not compile, or no ``@nki.jit`` function with the manifest's name and parameters. Nothing of the file is
+    parsed before its MAC is checked."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (FileNotFoundError, NotADirectoryError):
+        data = securefiles.read_regular(path)
+    except securefiles.BadEntry as e:
+        raise CorruptEntry(str(e)) from None
+    if data is None:
         return None
+    if not data:
+        raise CorruptEntry("empty file")
+    secret = securefiles.user_key() if secret is None else secret
+    head, _, body = data.partition(b"\n")
+    if not head.startswith(MAC_PREFIX.encode()):
+        raise CorruptEntry("not authenticated: no MAC line (written by another fusegraph version, or not by fusegraph)")
+    if not hmac.compare_digest(head[len(MAC_PREFIX):].strip(), entry_mac(secret, key, body).encode()):
+        raise CorruptEntry("authentication failed: the MAC does not match (changed, truncated, copied from another "
+                           "key, or not written by this user)")
+    try:
+        text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise CorruptEntry("not UTF-8 text") from None
-    except OSError as e:
-        raise CorruptEntry(f"unreadable: {e.strerror or type(e).__name__}") from None
-    if not text:
-        raise CorruptEntry("empty file")
     first, sep, source = text.partition("\n")
     if not first.startswith(MANIFEST_PREFIX):
         raise CorruptEntry("no manifest line")
@@ -228,8 +290,18 @@ def rename_kernel(source: str, node: ast.FunctionDef, name: str) -> str:
 
 # ---- writing -----------------------------------------------------------------------------------------------
 
+def entry_mac(secret: bytes, key: str, body: bytes) -> str:
+    """The MAC of an entry's body (manifest line + source) stored under ``key``."""
+    return securefiles.mac(secret, MAC_PURPOSE, key, body)
+
+
+def sealed_text(secret: bytes, key: str, body: str) -> str:
+    """``body`` (manifest line + source) with its MAC line in front: the whole file of an entry."""
+    return MAC_PREFIX + entry_mac(secret, key, body.encode("utf-8")) + "\n" + body
+
+
 def entry_text(key: str, generated: Any) -> str:
-    """The whole file for one entry: manifest line + source."""
+    """The body of one entry: manifest line + source (:func:`sealed_text` puts the MAC in front)."""
     source = generated.source
     manifest = {"format": CACHE_FORMAT, "key": key, "sha256": hashlib.sha256(source.encode("utf-8")).hexdigest(),
                 "function": generated.name, **signature(generated), "fusegraph": _version(),
@@ -238,14 +310,16 @@ def entry_text(key: str, generated: Any) -> str:
     return MANIFEST_PREFIX + json.dumps(manifest, default=str, sort_keys=True) + "\n" + source
 
 
-def write_entry(root: Path, key: str, generated: Any) -> Path | None:
-    """Write one entry atomically: a temp file unique per process and thread, then ``os.replace`` (readers see
-    the old entry or the new one, never half of one; of two writers of a key the last wins, both whole). A
-    directory that cannot be written warns once; the kernel is still used."""
-    text = entry_text(key, generated)
+def write_entry(root: Path, key: str, generated: Any, secret: bytes | None = None) -> Path | None:
+    """Write one entry atomically: a temp file (0600) unique per process and thread, then ``os.replace`` (readers
+    see the old entry or the new one, never half of one; of two writers of a key the last wins, both whole; a
+    symlink or FIFO at the entry's name is replaced, never followed). A directory that cannot be written warns
+    once; the kernel is still used. ``secret``: the per-user key (default: the user's)."""
     tmp: str | None = None
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        secret = securefiles.user_key() if secret is None else secret
+        text = sealed_text(secret, key, entry_text(key, generated))
+        securefiles.private_dir(root)
         fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{key}.{os.getpid()}.{threading.get_ident()}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -253,6 +327,9 @@ def write_entry(root: Path, key: str, generated: Any) -> Path | None:
         os.replace(tmp, path)
         tmp = None
         return path
+    except securefiles.UnsafeCache as e:
+        warn(f"kernel cache {root} refused: {e}; generated kernels are not cached")
+        return None
     except OSError as e:
         warn(f"kernel cache directory {root} is not writable ({e.strerror or type(e).__name__}); "
              "generated kernels are not cached")
@@ -281,14 +358,23 @@ def generate_cached(settings: Settings, key: str, name: str,
     """``generate(cached_source)`` through the cache: returns ``(generated kernel, cache_hit)``.
 
     ``cache_hit`` is True only when a usable entry served the kernel. A bad entry is a miss: the kernel is built
-    with ``generate(None)``, the entry rewritten, and one warning names the file and the cause."""
+    with ``generate(None)``, the entry rewritten, and one warning names the file and the cause. A cache directory
+    or key that cannot be trusted turns the cache off (one warning). ``generate`` runs with ``settings``'
+    attention switches (:func:`codegen_options`)."""
+    with codegen_options(settings):
+        return _generate_cached(settings, key, name, generate)
+
+
+def _generate_cached(settings: Settings, key: str, name: str,
+                     generate: Callable[[str | None], Any]) -> tuple[Any, bool]:
     root = cache_root(settings)
-    if root is None:
+    secret = open_cache(root) if root is not None else None
+    if root is None or secret is None:
         return generate(None), False
     path = entry_path(root, key)
     problem: str | None = None
     try:
-        entry = read_entry(path, key, name)
+        entry = read_entry(path, key, name, secret)
     except CorruptEntry as e:
         entry, problem = None, str(e)
     if entry is not None:
@@ -298,7 +384,7 @@ def generate_cached(settings: Settings, key: str, name: str,
             log.debug("kernel cache hit %s for %s", path, name)
             return generated, True
     generated = generate(None)
-    written = write_entry(root, key, generated)
+    written = write_entry(root, key, generated, secret)
     if problem is not None:
         if written is None:
             discard(path)

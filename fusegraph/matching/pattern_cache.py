@@ -3,7 +3,9 @@
 The key covers everything a traced graph depends on: the pattern's declaration (inputs, params, slots, cases, dims,
 dtypes) and the full source files of its implementations (helpers included), the tracing/canonicalization and
 program-building code of fusegraph, and the torch/transformers/networkx versions. A pattern whose source cannot be
-read (defined in a REPL) is simply not cached. Any problem reading the cache means "trace again".
+read (defined in a REPL) is simply not cached. Any problem reading the cache means "trace again". Entries are
+pickles, and unpickling runs code: each is sealed with the per-user HMAC key of :mod:`fusegraph.securefiles`
+(checked before ``pickle.loads``), read only when it is a regular file, in a private directory.
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from .. import securefiles
+
 log = logging.getLogger(__name__)
 
-_FORMAT = 1
+_FORMAT = 2  # 2: sealed with the per-user key
 _CODE_FILES = ("trace.py", "canonicalize.py", "pattern.py")
 _PROGRAM_FILES = ("build.py", "state.py", "ir.py", "sources.py")
 
@@ -95,8 +99,11 @@ def load(root: Path, key: str, pattern: Any) -> list | None:
     if not path.exists():
         return None
     try:
-        with open(path, "rb") as f:
-            variants = pickle.load(f)
+        securefiles.check_private(root)
+        blob = securefiles.read_regular(path)
+        if blob is None:
+            return None
+        variants = pickle.loads(securefiles.unseal(securefiles.user_key(), "pattern-cache", key, blob))
         for v in variants:
             v.pattern = pattern
         log.debug("pattern %s: %d traced variants loaded from %s", pattern.name, len(variants), path)
@@ -108,15 +115,18 @@ def load(root: Path, key: str, pattern: Any) -> list | None:
 
 def store(root: Path, key: str, variants: list) -> None:
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        securefiles.private_dir(root)
         detached = []
         for v in variants:
             c = _shallow_copy(v)
             c.pattern = None
             detached.append(c)
         tmp = root / f".{key}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(detached, f, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = securefiles.seal(securefiles.user_key(), "pattern-cache", key,
+                                pickle.dumps(detached, protocol=pickle.HIGHEST_PROTOCOL))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
         os.replace(tmp, root / f"{key}.pkl")
     except Exception as e:  # noqa: BLE001 - caching is an optimization only
         log.debug("could not store traced pattern variants in %s: %s", root, e)

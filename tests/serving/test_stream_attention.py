@@ -2,16 +2,29 @@
 the softmax formula in fp32: blocks forced small (``block=``) so a small cache streams in several blocks, fp32 and
 bf16, LNC=1 and LNC=2 (kv heads split between the cores; an odd number of kv heads splits the *blocks* and
 combines the two running states with one ``sendrecv``), blocks past each sequence's position skipped."""
+import contextlib
+import dataclasses
+
 import pytest
 import torch
 
 from fusegraph.codegen import ir
-from fusegraph.codegen.ops.attention import STREAM_ABOVE, row_groups, stream_plan
+from fusegraph.codegen.ops import attention
+from fusegraph.codegen.ops.attention import row_groups, stream_plan
 from fusegraph.nkiapi.conformance import check_source
 
 from fusegraph.codegen.testing import Builder, V
 
 DTYPES = [torch.float32, torch.bfloat16]
+STREAM_ABOVE = attention.DEFAULT_SWITCHES.stream_above
+
+
+@pytest.fixture
+def switch():
+    """``switch(pipeline=False, ...)``: the attention switches (``StreamSwitches``, the ``attn_*`` options) the
+    rest of the test generates kernels with, outside the executors (which take them from the options)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **kw: stack.enter_context(attention.use_switches(dataclasses.replace(attention.switches(), **kw)))
 NEG = torch.finfo(torch.float32).min
 
 
@@ -196,11 +209,10 @@ def test_streamed_heads_beyond_128_rows_run_in_groups():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lnc,Hkv", [(1, 2), (2, 3)])
-def test_pipelined_block_loop_is_bit_identical_to_one_block_at_a_time(dtype, lnc, Hkv, monkeypatch):
+def test_pipelined_block_loop_is_bit_identical_to_one_block_at_a_time(dtype, lnc, Hkv, monkeypatch, switch):
     """The software-pipelined loop (block k's scores beside block k - 1's softmax and P.V, the running state from
     -max = FLT_MAX) computes exactly what the one-block-at-a-time loop does: same outputs bit for bit, for ragged
     positions (one block, a block boundary, the last position) under a head split and under LNC=2's block split."""
-    import fusegraph.codegen.ops.attention as attention
 
     L, D = 1024, 64
     Hq = 2 * Hkv
@@ -208,7 +220,7 @@ def test_pipelined_block_loop_is_bit_identical_to_one_block_at_a_time(dtype, lnc
     gen, res, ref, _ = b.run(lnc=lnc)
     assert "software-pipelined blocks" in gen.source and "register_move(" in gen.source
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
-    monkeypatch.setattr(attention, "PIPELINE", False)
+    switch(pipeline=False)
     gen0, res0, _, _ = b.run(lnc=lnc)
     assert "software-pipelined blocks" not in gen0.source
     assert torch.equal(res["out_o"], res0["out_o"])
@@ -224,16 +236,15 @@ EARLY = "read now, at\n"  # the early piece's comment (attention.PREFETCH)
     ([130, 3999], 4000, 1024, False),  # a short first block (4000 % 1024 = 928, read as 1024), not pipelined
     ([3999, 9], 4000, 1024, True),  # K^T by DMA transpose
 ])
-def test_prefetched_first_block_is_bit_identical(dtype, pos, L, block, kt, monkeypatch):
+def test_prefetched_first_block_is_bit_identical(dtype, pos, L, block, kt, monkeypatch, switch):
     """The first block of sequence 0 read before the layer's KV write (attention.PREFETCH) and read again by a
     guarded DMA only when this step's row falls in it: the same outputs bit for bit as reading it after the write,
     whether the row is in it or not. Breaking the guard (never re-reading) leaves the stale row in the tile, which
     this test sees when sequence 0's position is in block 0."""
-    import fusegraph.codegen.ops.attention as attention
 
     if kt and dtype == torch.float32:
         pytest.skip("K^T by DMA moves 2-byte elements")
-    monkeypatch.setattr(attention, "KT_BY_DMA", kt)
+    switch(kt_by_dma=kt)
     Hq, Hkv, D = 4, 2, 64 if not kt else 128
     b = _program(dtype, pos, L, Hq, Hkv, D, block=block)
     gen, res, ref, kern = b.run()
@@ -242,7 +253,7 @@ def test_prefetched_first_block_is_bit_identical(dtype, pos, L, block, kt, monke
     again = ".kT_dma_again" if kt else ".kload_again"
     assert src.index('name="L0.kv_write.kv_write2"') < src.index(again)
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
-    monkeypatch.setattr(attention, "PREFETCH", False)
+    switch(prefetch=False)
     gen0, res0, _, _ = b.run()
     assert EARLY not in gen0.source and again not in gen0.source
     assert torch.equal(res["out_o"], res0["out_o"])
@@ -257,10 +268,9 @@ def test_prefetch_applies_only_to_position_bounded_head_split_blocks():
     assert EARLY in _program(torch.float32, [900, 130], 1024, 8, 4, block=256).run(lnc=2)[0].source  # head split
 
 
-def test_prefetched_tiles_count_in_the_budget_of_the_instructions_they_cross(monkeypatch):
+def test_prefetched_tiles_count_in_the_budget_of_the_instructions_they_cross(monkeypatch, switch):
     """The early read's tiles live from the layer's start to the attention: generate adds them to the scratch of
     the instructions in between (here the KV writes) in the SBUF budget, not only to the attention's."""
-    import fusegraph.codegen.ops.attention as attention
     from fusegraph.codegen.megakernel import generate
 
     prog = _program(torch.float32, [5, 700], 1024, 4, 2, block=256).program()
@@ -268,7 +278,7 @@ def test_prefetched_tiles_count_in_the_budget_of_the_instructions_they_cross(mon
     monkeypatch.setattr(attention, "_prefetch_bytes", lambda *a: 10 * base)
     # the peak is now a KV write's scratch plus the early tiles, above the attention's own
     assert generate(prog).budget.items["instruction scratch (at the peak)"] >= 10 * base
-    monkeypatch.setattr(attention, "PREFETCH", False)
+    switch(prefetch=False)
     assert generate(prog).budget.items["instruction scratch (at the peak)"] == base
 
 
@@ -288,21 +298,20 @@ def test_row_groups_choice():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lnc,pipe", [(1, True), (1, False), (2, True)])
-def test_row_groups_fill_the_partitions_of_a_one_kv_head_core(dtype, lnc, pipe, monkeypatch):
+def test_row_groups_fill_the_partitions_of_a_one_kv_head_core(dtype, lnc, pipe, monkeypatch, switch):
     """One kv head with 8 query heads (a TP rank of Qwen3-30B-A3B): 8 score rows, so each block's positions are
     split into 4 row groups of 256 ([32, 256] score tiles, one running state per group, folded at the end). Ragged
     positions: a sequence inside the first group of block 0 (the other groups see only masked positions and must
     add nothing), one at a group boundary, one at the end; LNC=2 splits the blocks (one kv head). Within the
     streamed template's tolerance of the reference and of the single-group template."""
-    import fusegraph.codegen.ops.attention as attention
 
-    monkeypatch.setattr(attention, "PIPELINE", pipe)
+    switch(pipeline=pipe)
     L, Hq, Hkv, D = 4096, 8, 1, 64
     b = _program(dtype, [5, 1279, L - 1], L, Hq, Hkv, D, block=1024)
     gen, res, ref, _ = b.run(lnc=lnc)
     assert "the 4 row groups' states" in gen.source and "shape=(32, 256)" in gen.source
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
-    monkeypatch.setattr(attention, "ROW_GROUPS", 1)
+    switch(row_groups=1)
     gen1, res1, _, _ = b.run(lnc=lnc)
     assert "row groups' states" not in gen1.source
     tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)

@@ -194,19 +194,16 @@ def test_full_size_131k_builds_and_profiles_within_sbuf(model):
 
 def test_bench_serving_attention_switches(monkeypatch):
     """``bench_serving.py --attention``: the A/B switches of the streamed template (docs/serving.md's figures with
-    the one-block-at-a-time loop / K^T by DMA) set exactly the named flags and refuse anything else."""
-    from fusegraph.codegen.ops import attention
-
-    monkeypatch.setattr(attention, "PIPELINE", True)
-    monkeypatch.setattr(attention, "KT_BY_DMA", False)
-    monkeypatch.setattr(attention, "PREFETCH", True)
-    monkeypatch.setattr(attention, "ROW_GROUPS", 4)
+    the one-block-at-a-time loop / K^T by DMA) become exactly the named attn_* options and refuse anything else;
+    the JSON records every switch."""
+    for name in ("PIPELINE", "KT_BY_DMA", "PREFETCH", "ROW_GROUPS"):
+        monkeypatch.delenv(f"FUSEGRAPH_ATTN_{name}", raising=False)
     bench = bench_serving()
-    assert bench.set_attention_flags("") == {"PIPELINE": True, "KT_BY_DMA": False, "PREFETCH": True, "ROW_GROUPS": 4}
-    assert bench.set_attention_flags("PIPELINE=0,KT_BY_DMA=1,PREFETCH=0,ROW_GROUPS=1") == {
-        "PIPELINE": False, "KT_BY_DMA": True, "PREFETCH": False, "ROW_GROUPS": 1}
-    assert attention.PIPELINE is False and attention.KT_BY_DMA is True and attention.PREFETCH is False
-    assert attention.ROW_GROUPS == 1
+    assert bench.attention_options("") == {}
+    assert bench.attention_flags({}) == {"PIPELINE": True, "KT_BY_DMA": False, "PREFETCH": True, "ROW_GROUPS": 4}
+    opts = bench.attention_options("PIPELINE=0,KT_BY_DMA=1,PREFETCH=0,ROW_GROUPS=1")
+    assert opts == {"attn_pipeline": False, "attn_kt_by_dma": True, "attn_prefetch": False, "attn_row_groups": 1}
+    assert bench.attention_flags(opts) == {"PIPELINE": False, "KT_BY_DMA": True, "PREFETCH": False, "ROW_GROUPS": 1}
     for bad in ("STREAM_ABOVE=1", "PIPELINE=yes", "ROW_GROUPS=3"):
         with pytest.raises(SystemExit):
-            bench.set_attention_flags(bad)
+            bench.attention_options(bad)

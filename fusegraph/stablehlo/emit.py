@@ -97,6 +97,7 @@ class Emitter:
     def emit(self, op: Op, vals: list) -> list:
         callee = self._callee(op)
         if callee is not None:
+            self.ranges.bind(callee.body.args, op.operands)
             return self.run(callee, vals, op.scope or None, op.source,
                             arg_ranges=[self.ranges.get(v) for v in op.operands])
         handler = HANDLERS.get(op.name)

@@ -17,7 +17,7 @@ gets no extra ops.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -106,12 +106,10 @@ def _reduce_kind(op: Op) -> str | None:
     return reduce_kind(op)
 
 
-def constant_int(v: Value) -> int | None:
+def constant_int(v: Value, through: Callable[[Value], Value] | None = None) -> int | None:
     """The integer value of a splat constant (through broadcasts and reshapes), else ``None``."""
+    v = (through or _through)(v)
     op = v.producer
-    while op is not None and op.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape"):
-        v = op.operands[0]
-        op = v.producer
     if op is None or op.name != "stablehlo.constant" or limits(v.type.dtype) is None:
         return None
     arr = op.attrs["value"].reshape(-1)
@@ -120,11 +118,16 @@ def constant_int(v: Value) -> int | None:
     return int(arr[0])
 
 
-def _through(v: Value) -> Value:
-    """``v`` without the shape-only ops (broadcast, reshape) around it."""
-    while v.producer is not None and v.producer.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape"):
-        v = v.producer.operands[0]
-    return v
+def _through(v: Value, alias: dict[int, Value] | None = None) -> Value:
+    """``v`` without the shape-only ops (broadcast, reshape) around it, and for an argument of a called function
+    the caller's value (``alias``)."""
+    while True:
+        if alias is not None and id(v) in alias:
+            v = alias[id(v)]
+        elif v.producer is not None and v.producer.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape"):
+            v = v.producer.operands[0]
+        else:
+            return v
 
 
 _NEGATE = {"LT": "GE", "LE": "GT", "GT": "LE", "GE": "LT", "EQ": "NE", "NE": "EQ"}
@@ -153,6 +156,16 @@ class Ranges:
     def __init__(self) -> None:
         self._r: dict[int, Range | None] = {}
         self._wrapped: set[int] = set()  # values whose tensor was replaced by its wrapped value
+        self._alias: dict[int, Value] = {}  # an argument of the function being called -> the caller's value
+
+    def bind(self, args: Sequence[Value], values: Sequence[Value]) -> None:
+        """The arguments of a called function are the caller's values (JAX's ``_where`` helpers): idioms
+        across the call see the same values."""
+        for a, v in zip(args, values):
+            self._alias[id(a)] = v
+
+    def _through(self, v: Value) -> Value:
+        return _through(v, self._alias)
 
     def get(self, v: Value) -> Range | None:
         return self._r.get(id(v), type_range(v.type))
@@ -266,17 +279,17 @@ class Ranges:
         value with a constant and the branch is that value or that value plus/minus a constant (JAX's
         negative-index wrap ``select(i < 0, i + n, i)``: never outside the int32 range)."""
         pred, on_true, on_false = op.operands
-        cmp = _through(pred).producer
+        cmp = self._through(pred).producer
         found = None
         if cmp is not None and cmp.name == "stablehlo.compare" and \
                 cmp.attrs.get("compare_type", "SIGNED") in ("SIGNED", "UNSIGNED"):
             x, y = cmp.operands
             d = cmp.attrs["comparison_direction"]
-            k = constant_int(y)
+            k = constant_int(y, self._through)
             if k is None:
-                k, x, d = constant_int(x), y, _MIRROR[d]
+                k, x, d = constant_int(x, self._through), y, _MIRROR[d]
             if k is not None:
-                found = (_through(x), d, k)
+                found = (self._through(x), d, k)
         return _hull([self._branch(on_true, found, False), self._branch(on_false, found, True)])
 
     def _branch(self, v: Value, found: tuple | None, negate: bool) -> Range | None:
@@ -290,14 +303,14 @@ class Ranges:
         if xr is None:
             return r
         restricted = _restrict(xr, _NEGATE[d] if negate else d, k)
-        base = _through(v)
+        base = self._through(v)
         if base is x:
             return restricted if restricted is not None else r
         p = base.producer
         if p is not None and p.name in ("stablehlo.add", "stablehlo.subtract") and len(p.operands) == 2:
-            a, b = (_through(o) for o in p.operands)
-            c = constant_int(p.operands[1]) if a is x else constant_int(p.operands[0]) if \
-                (b is x and p.name == "stablehlo.add") else None
+            a, b = (self._through(o) for o in p.operands)
+            c = constant_int(p.operands[1], self._through) if a is x else \
+                constant_int(p.operands[0], self._through) if (b is x and p.name == "stablehlo.add") else None
             if c is not None:
                 if restricted is None:
                     return r

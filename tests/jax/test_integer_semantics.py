@@ -111,6 +111,15 @@ def test_the_index_wrap_idiom_adds_no_ops():
     cache = jnp.zeros((4, 8), jnp.float32)
     imported, _ = import_jax(lambda c, i: lax.dynamic_slice_in_dim(c, i, 1, 1), cache, jnp.int32(3))
     assert "aten.bitwise_and.Scalar" not in aten_ops(imported), aten_ops(imported)
+    where = jax.jit(lambda p, a, b: jnp.where(p, a, b))  # a func.call, as Keras's ops.where lowers
+
+    def wrapped_index(c, i):
+        return lax.dynamic_slice_in_dim(c, where(i < 0, i + 8, i), 1, 1)
+
+    imported, text = import_jax(wrapped_index, cache, jnp.int32(3))
+    assert "func.call" in text or "call @" in text, text
+    assert "aten.bitwise_and.Scalar" not in aten_ops(imported), aten_ops(imported)
+    check(wrapped_index, cache, jnp.int32(-3))
     imported, _ = import_jax(lambda a, b: (a * b) < 0, BIG_A, BIG_B)
     assert "aten.bitwise_and.Scalar" in aten_ops(imported), aten_ops(imported)
 

@@ -23,7 +23,9 @@ def test_rewrite_removes_breaks_and_keeps_outputs():
     assert ops["aten.bmm.default"] >= 4 and "aten.nonzero.default" not in ops
     with torch.no_grad():
         expected = ref.step(ref.token, ref.position)
-    assert torch.equal(cap.outputs, expected)  # bit-identical (top-2 routing, fp32)
+    # bit-identical here (top-2 routing, fp32), but the rewrite's bmm and the loop's per-expert linear are other BLAS
+    # calls, which another CPU may round differently: to rounding
+    torch.testing.assert_close(cap.outputs, expected, rtol=1e-5, atol=1e-6)
     compiled = cap.extra["compiled"]
     toks_c, logits_c = greedy_decode(compiled, case.token, case.position + 1, 8)
     toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position + 1, 8)
@@ -45,7 +47,7 @@ def test_explicit_instance_rewrite_is_exact_in_eager_mode():
     with torch.no_grad():
         a = case.step(case.token, case.position)
         b = ref.step(ref.token, ref.position)
-    assert torch.equal(a, b)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # bmm vs per-expert linear: see the test above
     remove_from_module(case.model)
     assert not hasattr(case.model.model.layers[0].mlp.experts, "_fusegraph_rewrite")
 

@@ -172,7 +172,7 @@ def test_stored_all_gather_lands_contiguous_and_descriptors_are_large(lnc: int, 
 @pytest.mark.parametrize("lnc,T", [(1, 1), (2, 1), (2, 2)])
 def test_split_lm_head_with_stored_gather_equals_the_unsplit_projection(lnc: int, T: int) -> None:
     """The lm_head as ops/linear.py splits it for a stored gather (a 128-partition bulk, split between the LNC=2
-    cores, and the F mod 128 tail) gives bit for bit the logits of the unsplit projection gathered chunk-major:
+    cores, and the F mod 128 tail) gives the logits of the unsplit projection gathered chunk-major (bit for bit here):
     every element is the same bf16 x bf16 -> fp32 PSUM sum over the same K chunks, rounded once to bf16."""
     from fusegraph.codegen.ops.linear import Linear
 
@@ -203,7 +203,9 @@ def test_split_lm_head_with_stored_gather_equals_the_unsplit_projection(lnc: int
             assert ("sendrecv" in gen.source) == (lnc == 2)  # the bulk's chunks split between the cores
         assert torch.equal(outs[0]["out_y"], outs[1]["out_y"])
         got.append(outs[0]["out_y"])
-    assert torch.equal(got[0], got[1])
+    # the same sums over the same K chunks, but in matmul instructions of other shapes (bulk + tail): the interpreter's
+    # BLAS may order a dot product per shape, so within one bf16 step (observed bit-equal)
+    torch.testing.assert_close(got[0].float(), got[1].float(), rtol=2 ** -7, atol=1e-6)
     ref = torch.cat([torch.nn.functional.linear(x.float(), wr.float()) for wr in ws], dim=-1)
     assert (got[1].float() - ref).abs().max() <= 2 ** -7 * ref.abs().max()  # bf16 rounding of the fp32 sum
     assert gen.source.count("nki.collectives.all_gather(") == 1  # the tail rides in the bulk's collective

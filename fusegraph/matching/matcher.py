@@ -203,9 +203,10 @@ def bind_inputs(cv: CanonicalView, v: CompiledVariant, mapping: dict[str, str]) 
                         interior[(lb, src)] -= 1
                         continue
                     remaining.append(src)
-            # an input used at several positions of one op appears once per position
-            per_name = len(pos) if len(names) == 1 else 1
-            if len(remaining) != len(names) * per_name:
+            # an input used at several arguments of one op (``x * x``, ``sub(x, x)``) appears once per argument:
+            # the op's positions equal the pattern's (node_matches), so the count is the pattern's own
+            per_name = len(remaining) if len(names) == 1 else 1
+            if not remaining or len(remaining) != len(names) * per_name:
                 return None, f"cannot bind input(s) {', '.join(names)} of {consumer}"
             for k, name in enumerate(names):
                 srcs = remaining[k * per_name:(k + 1) * per_name]

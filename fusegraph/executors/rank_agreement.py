@@ -10,10 +10,10 @@ kernel plan (which collective nodes its kernels cover). If any rank's fingerprin
 graph on the eager executor, with one warning naming the settings and the ranks.
 
 The exchange goes through the job's key-value store (the ``TCPStore`` ``torch.distributed`` rendezvoused on), not a
-collective: it is bounded by an explicit timeout (``FUSEGRAPH_NKISIM_SYNC_TIMEOUT``, 60 s), and an abandoned exchange
-leaves nothing pending in the process group the model's own collectives use. The first rank to decide writes the
-verdict (agreed, differ, or timed out) with an atomic ``compare_set``; every rank acts on that one verdict, so a rank
-arriving after its peers gave up learns that they did and runs eagerly too.
+collective: it is bounded by an explicit timeout (5 x ``FUSEGRAPH_NKISIM_SYNC_TIMEOUT``: 300 s), and an abandoned
+exchange leaves nothing pending in the process group the model's own collectives use. The first rank to decide
+writes the verdict (agreed, differ, or timed out) with an atomic ``compare_set``; every rank acts on that one verdict,
+so a rank arriving after its peers gave up learns that they did and runs eagerly too.
 """
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 #: ``executor`` and ``dryrun`` are compared as the executor each rank actually runs.
 RANK_LOCAL = frozenset({"executor", "dryrun", "report", "dump_dir", "cache_dir", "llm_cache_dir", "match_debug",
                         "llm_timeout_s", "llm_run_timeout_s", "llm_run_memory_mb", "verify_tolerance"})
+
+#: builds are not in lock step (a rank generating kernels while its peer has them cached takes longer): the build
+#: agreement waits this many times ``FUSEGRAPH_NKISIM_SYNC_TIMEOUT`` (default 5 x 60 s) before every rank runs eagerly
+BUILD_WAIT_FACTOR = 5
 
 _SEQ: dict[str, int] = {}
 _SEQ_LOCK = threading.Lock()
@@ -96,14 +100,15 @@ def agree_or_eager(program: Program, graph_index: int, settings: Settings, execu
 def agree_on_build(program: Program, graph_index: int, settings: Settings, executor: str,
                    runner: Any, timeout_s: float | None = None) -> str | None:
     """Exchange this rank's fingerprint with the ranks of the graph's collective groups (bounded by ``timeout_s``,
-    default ``FUSEGRAPH_NKISIM_SYNC_TIMEOUT``); None if every rank has the same, else why not (the same text on every
-    rank). Without collectives, without a multi-process job, or on torch's fake process group: None (no peers)."""
+    default :data:`BUILD_WAIT_FACTOR` x ``FUSEGRAPH_NKISIM_SYNC_TIMEOUT``); None if every rank has the same, else why
+    not (the same text on every rank). Without collectives, without a multi-process job, or on torch's fake process
+    group: None (no peers)."""
     store, me, members = _peers(program, graph_index)
     if store is None:
         return None
     from ..nkisim.sync import default_timeout
 
-    timeout = default_timeout() if timeout_s is None else timeout_s
+    timeout = BUILD_WAIT_FACTOR * default_timeout() if timeout_s is None else timeout_s
     mine = fingerprint(settings, executor, plan_digest(program, runner), graph_index)
     verdict = _exchange(store, _prefix(members), me, members, mine, timeout)
     return None if verdict.get("ok") else str(verdict.get("why") or "rank agreement failed")

@@ -84,8 +84,8 @@ def _hf_mixtral_moe(x, wr, gu, dn, K):
 @pytest.mark.parametrize("T", [1, 2])  # 1: the per-token path; 2: the grouped path
 def test_fp32_routing_weights_bit_exact_to_hf(T):
     """With fp32 routing weights (``round_terms=False``) the kernel and the reference VM equal HF Mixtral's bf16
-    MoE (bit for bit here; asserted to one bf16 step, see below); rounding each term to bf16 first (``round_terms=True``, the bf16-weights form) does not, so
-    this test fails without the variant's dtype flow."""
+    MoE (bit for bit here; asserted to one bf16 step, see below); rounding each term to bf16 first
+    (``round_terms=True``, the bf16-weights form) does not, so this test fails without the variant's dtype flow."""
     b, tensors = _router_experts(T, round_terms=False)
     _, res, ref, _ = b.run(chunk_bytes=4096)
     want = _hf_mixtral_moe(*tensors)

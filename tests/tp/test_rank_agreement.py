@@ -148,3 +148,25 @@ def test_judge_names_graphs_and_kernels_apart_from_settings() -> None:
         "the ranks are compiling different graphs (0 on rank 0, 1 on rank 1)")
     assert judge({0: a, 1: {**a, "executor": "eager", "kernels": "none"}})["why"] == (
         "the ranks are not configured alike: executor (FUSEGRAPH_EXECUTOR) is nkisim on rank 0, eager on rank 1")
+
+
+def test_build_agreement_waits_five_sync_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Builds are not in lock step (one rank may generate kernels its peer has cached): the exchange's bound is
+    5 x FUSEGRAPH_NKISIM_SYNC_TIMEOUT, and the fingerprint names the graph, the executor and the kernels."""
+    import fusegraph.executors.rank_agreement as ra
+    from fusegraph.program import Program
+    from fusegraph.settings import Settings
+
+    seen: dict = {}
+
+    def exchange(store, prefix, me, members, mine, timeout):
+        seen.update(timeout=timeout, mine=mine)
+        return {"ok": True, "why": ""}
+
+    monkeypatch.setattr(ra, "_peers", lambda program, graph_index: (object(), 0, [0, 1]))
+    monkeypatch.setattr(ra, "_exchange", exchange)
+    monkeypatch.setenv("FUSEGRAPH_NKISIM_SYNC_TIMEOUT", "7")
+    assert ra.agree_on_build(Program(), 3, Settings(), "eager", None) is None
+    assert seen["timeout"] == 35
+    assert seen["mine"]["graph"] == "3" and seen["mine"]["executor"] == "eager" and seen["mine"]["kernels"] == "none"
+    assert seen["mine"]["verify"] == "True" and not set(seen["mine"]) & (ra.RANK_LOCAL - {"executor"})

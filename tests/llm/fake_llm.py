@@ -26,6 +26,16 @@ class Slow:
     text: str
 
 
+@dataclass
+class Trickle:
+    """Answer one byte every ``interval`` seconds (a slow or hostile endpoint); ``head``: trickle the status
+    line and headers too, else they arrive at once and only the body trickles."""
+
+    interval: float
+    text: str
+    head: bool = False
+
+
 class FakeLLM:
     def __init__(self, answers: list) -> None:
         self.answers = list(answers)
@@ -59,6 +69,8 @@ class FakeLLM:
                     ans = ans.text
                 if isinstance(ans, bytes):
                     return self._send_raw(200, ans)
+                if isinstance(ans, Trickle):
+                    return self._trickle(ans)
                 prompt_chars = sum(len(m.get("content", "")) for m in req.get("messages", []))
                 usage = {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(ans) // 4,
                          "total_tokens": prompt_chars // 4 + len(ans) // 4}
@@ -66,6 +78,24 @@ class FakeLLM:
                                  "model": req.get("model"), "usage": usage,
                                  "choices": [{"index": 0, "finish_reason": "stop",
                                               "message": {"role": "assistant", "content": ans}}]})
+
+            def _trickle(self, t: Trickle) -> None:
+                body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
+                                                "message": {"role": "assistant", "content": t.text}}]}).encode()
+                head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                        f"\r\n").encode()
+                data = body if not t.head else head + body
+                try:
+                    if not t.head:
+                        self.wfile.write(head)
+                        self.wfile.flush()
+                    for i in range(len(data)):
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(t.interval)
+                except OSError:
+                    pass  # the client gave up
+                self.close_connection = True
 
             def _send(self, code: int, payload: dict) -> None:
                 self._send_raw(code, json.dumps(payload).encode())

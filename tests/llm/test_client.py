@@ -4,7 +4,7 @@ import pytest
 from fusegraph.llm.client import ChatClient, completions_url
 from fusegraph.llm.extract import extract_code
 
-from .fake_llm import FakeLLM, Slow, Status, refused_url
+from .fake_llm import FakeLLM, Slow, Status, Trickle, refused_url
 
 MSG = [{"role": "user", "content": "hello"}]
 
@@ -48,3 +48,24 @@ def test_extract_code():
     assert extract_code("import nki\n\n@nki.jit\ndef k(x):\n    return x\n").startswith("import nki")
     assert extract_code("Sorry, nki.jit is hard.") is None
     assert extract_code("```python\n@nki.jit\ndef k(x):\n    return x\n") is not None  # unterminated fence
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["body", "status-line"])
+def test_a_trickling_endpoint_is_cut_off_at_one_total_deadline(head):
+    """One byte every 0.2 s resets any per-read timeout; the client must give up at its total deadline."""
+    import time
+
+    with FakeLLM([Trickle(0.2, "x" * 2000, head=head)]) as fake:
+        t0 = time.monotonic()
+        reply = ChatClient(fake.url, "m", timeout_s=1.5).chat(MSG)
+        elapsed = time.monotonic() - t0
+    assert not reply.ok and reply.text == ""
+    assert "no answer" in reply.error and "1.5 s" in reply.error and "total deadline" in reply.error, reply.error
+    assert 1.3 <= elapsed < 1.5 + 1.0, elapsed
+
+
+def test_the_deadline_leaves_fast_answers_alone():
+    with FakeLLM(["```python\nx = 1\n```"] * 3) as fake:
+        c = ChatClient(fake.url, "m", timeout_s=1.0)
+        replies = [c.chat(MSG) for _ in range(3)]
+    assert all(r.ok and r.text.startswith("```python") for r in replies)

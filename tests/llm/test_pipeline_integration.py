@@ -6,7 +6,7 @@ import torch
 from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
 
-from .fake_llm import FakeLLM
+from .fake_llm import FakeLLM, Trickle
 from .kernels import answer
 
 CUMSUM = '''import nki
@@ -87,3 +87,24 @@ def test_endpoint_down_leaves_the_step_correct(llm_cache):
         with torch.no_grad():
             out = f(x)
     torch.testing.assert_close(out, step(x))
+
+
+def test_a_trickling_endpoint_holds_the_compile_only_until_the_deadline(llm_cache):
+    """One byte every 0.2 s: the request gives up at llm_timeout_s (total), the step falls back and is correct."""
+    import time
+
+    x = torch.randn(1, 64)
+    with FakeLLM([Trickle(0.2, CUMSUM)]) as fake:
+        f = _compile(fake.url, llm_timeout_s=1.5)
+        t0 = time.monotonic()
+        with pytest.warns(FusegraphWarning, match="LLM kernel for"):
+            with torch.no_grad():
+                out = f(x)
+        # the first call also compiles; without the deadline the request alone takes ~300 s
+        elapsed = time.monotonic() - t0
+    torch.testing.assert_close(out, step(x))
+    isl = last_session().program.newest_execution().llm[0]
+    assert not isl.result.accepted
+    (att,) = isl.result.attempts
+    assert att.stage == "endpoint" and "within 1.5 s" in att.reason and "total deadline" in att.reason
+    assert att.seconds < 1.5 + 1.0 and elapsed < 60

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 RANK_LOCAL = frozenset({"executor", "dryrun", "report", "dump_dir", "cache_dir", "llm_cache_dir", "match_debug",
                         "llm_timeout_s", "llm_run_timeout_s", "llm_run_memory_mb", "verify_tolerance"})
 
+#: the interpreter's own environment switches that change where a kernel's collectives go (``FUSEGRAPH_NKISIM_DIST``:
+#: over torch.distributed or between threads) or whether a kernel runs at all (enum leniency, the run backend)
+NKISIM_ENV = ("FUSEGRAPH_NKISIM_DIST", "FUSEGRAPH_NKISIM_LENIENT_ENUMS", "FUSEGRAPH_NKISIM_BACKEND")
+
 #: builds are not in lock step (a rank generating kernels while its peer has them cached takes longer): the build
 #: agreement waits this many times ``FUSEGRAPH_NKISIM_SYNC_TIMEOUT`` (default 5 x 60 s) before every rank runs eagerly
 BUILD_WAIT_FACTOR = 5
@@ -65,6 +69,7 @@ def fingerprint(settings: Settings, executor: str, kernels: str, graph_index: in
     """What every rank must have alike to issue the same collectives in the same order (see the module docstring)."""
     out = {"graph": str(graph_index), "executor": executor}
     out.update({k: repr(v) for k, v in sorted(settings.to_dict().items()) if k not in RANK_LOCAL})
+    out.update({name: repr(os.environ.get(name, "")) for name in NKISIM_ENV})
     out["kernels"] = kernels
     return out
 
@@ -213,4 +218,6 @@ def _describe(name: str, by_value: dict[str, list[int]]) -> str:
         return f"the ranks built different kernels with collectives ({values})"
     if name == "graph":
         return f"the ranks are compiling different graphs ({values})"
+    if name.startswith(ENV_PREFIX):  # an environment variable of the interpreter
+        return f"{name} is {values}"
     return f"{name} ({ENV_PREFIX}{name.upper()}) is {values}"

@@ -148,6 +148,8 @@ def test_judge_names_graphs_and_kernels_apart_from_settings() -> None:
         "the ranks are compiling different graphs (0 on rank 0, 1 on rank 1)")
     assert judge({0: a, 1: {**a, "executor": "eager", "kernels": "none"}})["why"] == (
         "the ranks are not configured alike: executor (FUSEGRAPH_EXECUTOR) is nkisim on rank 0, eager on rank 1")
+    assert judge({0: {**a, "FUSEGRAPH_NKISIM_DIST": "''"}, 1: {**a, "FUSEGRAPH_NKISIM_DIST": "'off'"}})["why"] == (
+        "the ranks are not configured alike: FUSEGRAPH_NKISIM_DIST is '' on rank 0, 'off' on rank 1")
 
 
 def test_build_agreement_waits_five_sync_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,7 +168,9 @@ def test_build_agreement_waits_five_sync_timeouts(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ra, "_peers", lambda program, graph_index: (object(), 0, [0, 1]))
     monkeypatch.setattr(ra, "_exchange", exchange)
     monkeypatch.setenv("FUSEGRAPH_NKISIM_SYNC_TIMEOUT", "7")
+    monkeypatch.delenv("FUSEGRAPH_NKISIM_DIST", raising=False)
     assert ra.agree_on_build(Program(), 3, Settings(), "eager", None) is None
     assert seen["timeout"] == 35
     assert seen["mine"]["graph"] == "3" and seen["mine"]["executor"] == "eager" and seen["mine"]["kernels"] == "none"
     assert seen["mine"]["verify"] == "True" and not set(seen["mine"]) & (ra.RANK_LOCAL - {"executor"})
+    assert seen["mine"]["FUSEGRAPH_NKISIM_DIST"] == "''"

@@ -66,17 +66,21 @@ class Emitter:
         try:
             for op in fn.body.ops:
                 with self._meta(op, scope, source):
-                    outs = self.emit(op, self._operands(op, env))
-                if len(outs) != len(op.results):
-                    raise UnsupportedOp(op.name, f"{len(outs)} results for {len(op.results)}")
-                for r, o in zip(op.results, outs):
-                    env[id(r)] = o
-                callee = self._callee(op)
-                for r, rr in zip(op.results, self.ranges.results(op, callee.body.returns if callee else None)):
-                    self.ranges.set(r, rr)
+                    self.step(op, env)
             return [env[id(v)] for v in fn.body.returns]
         finally:
             self._values = saved
+
+    def step(self, op: Op, env: dict[int, Any]) -> None:
+        """Emit one op: its results into ``env``, their integer intervals into :attr:`ranges`."""
+        outs = self.emit(op, self._operands(op, env))
+        if len(outs) != len(op.results):
+            raise UnsupportedOp(op.name, f"{len(outs)} results for {len(op.results)}")
+        for r, o in zip(op.results, outs):
+            env[id(r)] = o
+        callee = self._callee(op)
+        for r, rr in zip(op.results, self.ranges.results(op, callee.body.returns if callee else None)):
+            self.ranges.set(r, rr)
 
     def _operands(self, op: Op, env: dict[int, Any]) -> list:
         """The op's operand values; an ``i32`` operand whose int64 tensor may be outside the int32 range is

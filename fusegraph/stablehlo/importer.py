@@ -176,8 +176,7 @@ def _fold(module: Module, cone: list[Op], value: Value) -> torch.Tensor:
     em._values = env
     with torch.no_grad():
         for op in cone:
-            for r, o in zip(op.results, em.emit(op, [env[id(x)] for x in op.operands])):
-                env[id(r)] = o
+            em.step(op, env)
         return materialize(env[id(value)]).clone()
 
 

@@ -250,3 +250,22 @@ def test_integer_arithmetic_stays_off_the_kernel():
     step = check(lambda a, b: ((a + b) * 3 + a, (a + b) - b), a, b)
     data = step.report().to_dict()
     assert not data["regions"] and not data["pattern_counts"], data["regions"]
+
+
+def test_a_rotary_tables_start_index_is_wrapped():
+    """keras-hub's rotary tables are an idiom that reads its start index from the environment: an overflowing
+    int32 start (65536 * 65536 wraps to 0) is the wrapped value there (the convert to f32 that reads it first
+    replaced it)."""
+    from test_keras_idioms import B, D, H, T, keras_table_rope
+
+    def f(x, a, b):
+        return keras_table_rope(x, a * b)
+
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(B, T, H, D)).astype(np.float32))
+    fused = fj.jit(f, params_argnums=(), options={"executor": "eager"})
+    for a, b in ((1, 3), (65536, 65536), (65536, 65537)):
+        args = (x, jnp.int32(a), jnp.int32(b))
+        for g, e in zip(fused(*args), jax.jit(f)(*args)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-5)
+    assert fused.last.fallback is None and fused.last.verified
+    assert fused.last.report().to_dict()["pattern_counts"].get("fusegraph.rope_tables") == 1

@@ -417,6 +417,24 @@ class _Run:
             self._region_runs[id(plan)].verification = "passed"
         return not plan.disabled
 
+    def _verify_agreed(self, plan: KernelPlan, code: int, why: str) -> None:
+        """This rank's verification outcome, agreed with every rank of the kernel's collective groups (the eager
+        region already ran on every rank): the kernel is trusted only if it passed on all of them, disabled on all
+        of them if it failed on any (one warning naming the rank and the cause), verified again next call if a
+        guard tripped anywhere."""
+        worst, rows = agree(self.program, self._collectives[id(plan)], code, why)
+        if worst == OK:
+            plan.trusted = True
+            self._region_runs[id(plan)].verification = "passed"
+            return
+        cause = describe_disagreement(rows)
+        if worst == RETRY:
+            self._region_runs[id(plan)].guard_reruns += 1
+            warn(f"{plan.label}: {cause}; steps where it happens are recomputed on the eager path on every rank")
+            return
+        self._disable(plan, f"failed on {cause}")
+        warn(f"{plan.label}: verification failed on {cause}; every rank of its group runs it on the eager path")
+
     def _disable(self, plan: KernelPlan, why: str) -> None:
         """The region runs eagerly from now on: the plan, its record and the kernel cache all say so."""
         plan.disabled = True

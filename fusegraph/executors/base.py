@@ -14,6 +14,11 @@ from ..settings import Settings
 
 Runner = Callable[[Sequence[Any]], list]
 
+#: a kernel (or a JAX step's fused run) that fails at run time on this many calls in a row is retired: it runs on
+#: the fallback path from then on. A single failing call (a malformed request: an out-of-range id, a NaN) falls
+#: back for that call only, so one bad request does not cost every later one its kernel.
+RETIRE_AFTER_FAILURES = 3
+
 
 class Executor(Protocol):
     name: str

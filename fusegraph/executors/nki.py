@@ -22,7 +22,7 @@ from ..program import Program
 from ..program.execution import ExecutionRecord, KernelInfo, RegionRun
 from ..settings import Settings
 from ..warnings import one_line, warn
-from .base import Runner, register_executor
+from .base import RETIRE_AFTER_FAILURES, Runner, register_executor
 from .eager import _resolver, build_plan, run_plan
 from .kernel_cache import discard
 from .kernels import FAILED, OK, RETRY, KernelPlan, agree, build_plans, covered_collectives, describe_disagreement
@@ -32,10 +32,6 @@ from .state_journal import StateJournal
 from .weight_keys import weight_key
 
 log = logging.getLogger(__name__)
-
-#: a kernel that fails at run time on this many calls in a row is retired (it runs eagerly from then on); a single
-#: failing call (a malformed request: an out-of-range id, a NaN) falls back for that call only
-RETIRE_AFTER_FAILURES = 3
 
 
 class NkiExecutor:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..capture.session import CaptureSession
+from ..executors.base import RETIRE_AFTER_FAILURES
 from ..pipeline import compile_program, resolve_executor_name
 from ..program import InputKind
 from ..program.build import add_graph
@@ -62,6 +63,7 @@ class Compiled:
     fallback: Callable | None = None  # the JAX function, when fusegraph gave up on this specialization
     reason: str = ""
     weights: dict[int, tuple[int, Any, torch.Tensor]] = field(default_factory=dict)
+    failures: int = 0  # calls in a row on which the fused step failed (each ran the JAX function instead)
 
     @property
     def program(self):
@@ -109,14 +111,28 @@ class FusedFunction:
         if c.fallback is not None:
             return c.fallback(*args)
         try:
-            return self._run(c, args)
-        except Exception as e:  # noqa: BLE001 - a failing step falls back to JAX, for good
+            out = self._run(c, args)
+        except Exception as e:  # noqa: BLE001 - a failing call falls back to JAX for that call
             if self.settings.pass_through_build_failures:
                 raise
-            warn(f"{self.name}: the fused step failed ({one_line(e)}); running the JAX function as is")
             log.debug("fused step failure", exc_info=True)
-            c.fallback, c.reason = self._jax_jit(donate=True), one_line(e)
-            return c.fallback(*args)
+            return self._failed_call(c, args, e)
+        c.failures = 0
+        return out
+
+    def _failed_call(self, c: Compiled, args: Sequence[Any], e: Exception) -> Any:
+        """This call runs the JAX function (JAX arrays are immutable: a failed fused call changed nothing). One
+        malformed input costs that call only; a step failing on RETIRE_AFTER_FAILURES calls in a row runs the JAX
+        function from then on."""
+        c.failures += 1
+        jitted = self._jax_jit(donate=True)
+        if c.failures >= RETIRE_AFTER_FAILURES:
+            warn(f"{self.name}: the fused step failed on {c.failures} calls in a row ({one_line(e)}); running the "
+                 "JAX function from now on")
+            c.fallback, c.reason = jitted, one_line(e)
+        else:
+            warn(f"{self.name}: the fused step failed ({one_line(e)}); this call runs the JAX function")
+        return jitted(*args)
 
     # ---- compile --------------------------------------------------------------------------------------------
     def _key(self, args: Sequence[Any]) -> Any:

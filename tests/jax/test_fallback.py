@@ -58,3 +58,34 @@ def test_mismatch_against_jax_falls_back(monkeypatch):
     for out in outs:
         np.testing.assert_allclose(np.asarray(out), np.tanh(np.asarray(x)), rtol=1e-6)
     assert len(messages) == 1 and "differs from jax.jit" in messages[0]
+
+
+def test_a_failing_call_falls_back_for_that_call_only(monkeypatch):
+    """A fused call that fails at run time (here: the runner made to raise on chosen calls) returns JAX's result
+    for that call only; the next call runs fused again. Three failing calls in a row retire the fused step."""
+    fn = lambda x: jnp.tanh(x) * 2 + 1  # noqa: E731
+    x = jnp.linspace(-2, 2, 16, dtype=jnp.float32).reshape(4, 4)
+    reset_warnings()
+    fused = fj.jit(fn, options={"executor": "eager"}, params_argnums=())
+    fused(x)
+    c = fused.last
+    real = c.runner
+    fail_on = {1, 3, 4, 5}
+    calls = {"n": 0}
+
+    def flaky(inputs):
+        calls["n"] += 1
+        if calls["n"] in fail_on:
+            raise RuntimeError("injected run-time failure")
+        return real(inputs)
+
+    c.runner = flaky
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for k in range(1, 7):
+            np.testing.assert_allclose(np.asarray(fused(x)), np.asarray(jax.jit(fn)(x)), rtol=1e-6)
+            assert (c.fallback is not None) == (k >= 5), k
+    messages = [str(m.message) for m in w if issubclass(m.category, FusegraphWarning)]
+    assert any("this call runs the JAX function" in m for m in messages), messages
+    assert any("3 calls in a row" in m for m in messages), messages
+    assert calls["n"] == 5  # call 6 ran JAX without trying the fused step

@@ -9,8 +9,10 @@ from typing import Any, ClassVar
 import torch
 
 from .. import ir
+from ..bind import weight_for_use
 from ..emitters import Context, Emitted, aten, inst_name, nbytes
 from ..errors import CodegenError
+from ..layout import Layout
 from ..lowering import Lowerer
 from ..registry import register_lowering
 from ..render import nl_dtype
@@ -23,6 +25,9 @@ class Embed(ir.Instruction):
     table: ir.Value  # WEIGHT [V, H]
     out: ir.Value
     scale: ir.Value | None = None  # INPUT [1] fp32 (Gemma multiplies embeddings by sqrt(hidden), rounded to the dtype)
+
+    def arg_specs(self, layouts: dict[str, Layout], add: ir.AddSpec) -> None:
+        add(self.table, "rows", None)  # gathered by row as the model stores it (a tied lm head has its own copy)
 
     def emit(self, ctx: Context, i: int) -> Emitted:
         lay = ctx.layout(self.out)
@@ -63,6 +68,9 @@ class VocabParallelEmbed(ir.Instruction):
     def rows(self) -> int:
         return int(self.table.shape[0])
 
+    def arg_specs(self, layouts: dict[str, Layout], add: ir.AddSpec) -> None:
+        add(self.table, "rows", None)
+
     def emit(self, ctx: Context, i: int) -> Emitted:
         lay = ctx.layout(self.out)
         assert lay.features == self.table.shape[1]
@@ -101,7 +109,7 @@ def _tokens(m: Any, graph: Any) -> int | None:
 @register_lowering("embedding", tokens=_tokens, instructions=[Embed])
 def lower_embedding(L: Lowerer, m: Any) -> None:
     ids = L.input(m, "indices")
-    table = L.hbm(L.input(m, "weight"))
+    table = weight_for_use(L, L.input(m, "weight"), "rows", f"{L.label(m)}_table")
     idv = L.step_input(ids, (L.T,), torch.int32, "token_ids")
     scale = None
     if m.inputs.get("scale"):  # rounded to the table's dtype, as the model does, then read as fp32
@@ -151,7 +159,7 @@ def _check_vocab_parallel(m: Any, graph: Any, tokens: int | None) -> str | None:
                    instructions=[VocabParallelEmbed])
 def lower_vocab_parallel_embedding(L: Lowerer, m: Any) -> None:
     ids = L.input(m, "indices")
-    table = L.hbm(L.input(m, "weight"))
+    table = weight_for_use(L, L.input(m, "weight"), "rows", f"{L.label(m)}_table")
     idv = L.step_input(ids, (L.T,), torch.int32, "token_ids")
     out = L.new_act(L.output(m), L.label(m))
     L.emit(VocabParallelEmbed(ids=idv, table=table, out=out, start=int(m.params["start"])), m)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from .. import ir
 from .. import weights as W
+from ..bind import weight_for_use
 from ..emitters import Context, Emitted, aten, expr, inst_name, linear_chunks, linear_pieces, nbytes
 from ..errors import CodegenError
 from ..layout import Layout
@@ -157,7 +158,8 @@ def lower_linear(L: Lowerer, m: Any) -> None:
         return
     if _split_for_stored_gather(L, m, x):
         return
-    w = L.hbm(L.input(m, "weight"))
+    # a tied lm head reads the embedding table: its own argument, re-laid out for the matmul (bind.weight_for_use)
+    w = weight_for_use(L, L.input(m, "weight"), "linear", f"{L.label(m)}_weight")
     b = L.hbm(m.inputs["bias"]) if m.inputs.get("bias") else None
     out = L.new_act(L.output(m), L.label(m))
     if w.shape != (out.features, x.features):

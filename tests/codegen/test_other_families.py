@@ -37,11 +37,13 @@ FAMILIES = [
 ]
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])  # tie_word_embeddings (test_tied_embeddings.py)
 @pytest.mark.parametrize("family,dtype,config", FAMILIES,
                          ids=[f[0] + "".join(f"-{k}={v}" for k, v in f[2].items() if k == "partial_rotary_factor")
                               + ("-bf16" if f[1] == "bfloat16" else "") for f in FAMILIES])
-def test_family_runs_as_one_megakernel(family, dtype, config):
-    case = hf_case(family, dtype=dtype, **config)
+def test_family_runs_as_one_megakernel(family, dtype, config, tied):
+    case = hf_case(family, dtype=dtype, tie_word_embeddings=tied, **config)
+    assert (case.model.lm_head.weight is case.model.get_input_embeddings().weight) == tied
     ref = case.fork()
     step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
     toks_c, logits_c = greedy_decode(step, case.token, case.position, 5)

@@ -8,10 +8,12 @@ runs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..warnings import warn
 from . import assume as assume_mod
 from . import dtypes as dt
 from .enums import oob_mode
@@ -225,15 +227,112 @@ def _direct(ctx, t: NkiTensor) -> NkiTensor:
 # ---------------------------------------------------------------------------- read / write
 
 
-def read(ctx, t: NkiTensor, res: Resolved | None = None) -> np.ndarray:
-    """Values of a view in its storage dtype (a view or a copy; never written through)."""
+def read(ctx, t: NkiTensor, res: Resolved | None = None, *, check: bool = True) -> np.ndarray:
+    """Values of a view in its storage dtype (a view or a copy; never written through).
+
+    ``check``: raise ``uninitialized-read`` when the view covers SBUF/PSUM bytes never written since their
+    allocation (their sentinel NaN/4 would flow into the result unnoticed); ``nl.device_print`` reads unchecked."""
     if t._ind is None:
-        return np_view(t)
-    if res is None:
-        return np_view(_direct(ctx, t))
-    if res.view is not None:
-        return np_view(res.view)
-    return t._st.flat(t.dtype)[res.addr]
+        view = t
+    elif res is None:
+        view = _direct(ctx, t)
+    elif res.view is not None:
+        view = res.view
+    else:
+        if check and t._st.written is not None:
+            _require_written(ctx, t, _addr_mask(t, res.addr))
+        return t._st.flat(t.dtype)[res.addr]
+    if check and view._st.written is not None:
+        _require_written(ctx, view, mask_view(view))
+    return np_view(view)
+
+
+def mask_view(t: NkiTensor) -> np.ndarray:
+    """The written-mask bytes of a direct view, shaped ``t.shape + (itemsize,)`` (a view: writable)."""
+    isz = t.dtype.itemsize
+    return np.ndarray(t.shape + (isz,), dtype=np.bool_, buffer=t._st.written, offset=t._offset * isz,
+                      strides=tuple(s * isz for s in t._strides) + (1,))
+
+
+def _addr_mask(t: NkiTensor, addr: np.ndarray) -> np.ndarray:
+    isz = t.dtype.itemsize
+    return t._st.written.reshape(-1, isz)[addr]
+
+
+#: ``FUSEGRAPH_NKISIM_UNINITIALIZED``: what a read of never-written SBUF/PSUM does: ``warn`` (default: one warning
+#: per kernel and process, naming the first read), ``error`` (the ``uninitialized-read`` rule error) or ``off``
+UNINITIALIZED_ENV = "FUSEGRAPH_NKISIM_UNINITIALIZED"
+_warned_kernels: set[tuple[str, str]] = set()
+
+
+def _require_written(ctx, t: NkiTensor, mask: np.ndarray) -> None:
+    """Flag a read of bytes never written since their allocation. A warning by default, not an error, because
+    hardware-tested nki-library kernels (moe_tkg: a ``sendrecv`` of a partly written tile, a ``local_gather`` over
+    a tile of which it uses the written part) do it legitimately."""
+    if mask.all():
+        return
+    mode = os.environ.get(UNINITIALIZED_ENV, "warn").strip().lower()
+    if mode == "off":
+        return
+    st = t._st
+    op = getattr(ctx, "instr_name", None) or "an instruction"
+    what = (f"'{st.label}' ({st.buffer.name}, view {t.shape}) never written since its allocation: uninitialised "
+            f"memory (the interpreter's sentinel {'NaN' if st.dtype.is_float else '4'}) flows into the result")
+    if mode != "error":
+        kernel = (str(ctx.run.kernel_file), str(ctx.run.kernel_name))
+        if kernel in _warned_kernels:
+            return
+        _warned_kernels.add(kernel)
+        warn(f"[uninitialized-read] kernel {ctx.run.kernel_name}: {op} reads elements of {what} (at {ctx.where()}); "
+             f"write them first or read only the written part (later such reads of this kernel are not reported; "
+             f"{UNINITIALIZED_ENV}=error makes each an error)")
+        return
+    isz = t.dtype.itemsize
+    missing = int((~mask.reshape(-1, isz).all(axis=1)).sum())
+    raise NkiValidationError(
+        f"{op}: reads {missing} of {t.size} elements of {what}; write them first (memset, DMA, an instruction's "
+        f"dst) or read only the part that was written",
+        rule="uninitialized-read",
+        location=ctx.where(),
+    )
+
+
+def _mark(ctx, t: NkiTensor, res: Resolved | None) -> None:
+    """Record that ``t`` (or the elements ``res`` resolved) was written (tracked storages only)."""
+    if t._st.written is None:
+        return
+    if t._ind is None:
+        mask_view(t)[...] = True
+    elif res is None:
+        mask_view(_direct(ctx, t))[...] = True
+    elif res.view is not None:
+        mask_view(res.view)[...] = True
+    else:
+        rows = t._st.written.reshape(-1, t.dtype.itemsize)
+        rows[res.addr if res.valid is None else res.addr[res.valid]] = True
+
+
+def written_before(t: NkiTensor) -> np.ndarray | None:
+    """A copy of a direct view's written mask (per element), for instructions that write only part of their dst
+    (predicated copies, skipped rows): :func:`keep_unwritten` restores what they left alone."""
+    if t._st.written is None or t._ind is not None:
+        return None
+    return mask_view(t).all(axis=-1)
+
+
+def keep_unwritten(t: NkiTensor, before: np.ndarray | None, changed: np.ndarray) -> None:
+    """After a partial write of ``t`` (``changed``: the elements it wrote, broadcastable to ``t.shape``), the
+    elements it did not write are as written as they were before."""
+    if before is None:
+        return
+    now = before | np.broadcast_to(changed, t.shape)
+    mask_view(t)[...] = now[..., None]
+
+
+def mark_bytes(st, shape: tuple[int, ...], byte_offset: int, byte_strides: tuple[int, ...]) -> None:
+    """Record a write made straight into ``st``'s buffer (a byte pattern; e.g. a widened PE transpose)."""
+    if st.written is not None:
+        np.ndarray(shape, dtype=np.bool_, buffer=st.written, offset=byte_offset, strides=byte_strides)[...] = True
 
 
 def read_f32(ctx, t: NkiTensor) -> np.ndarray:
@@ -248,6 +347,8 @@ def write(ctx, t: NkiTensor, values: np.ndarray, res: Resolved | None = None) ->
     vals = values if values.dtype == t.dtype.np and t.dtype is not dt.tfloat32 else dt.cast_to(values, t.dtype)
     if vals.shape != t.shape:
         vals = vals.reshape(t.shape)
+    if res is None or not res.skip:
+        _mark(ctx, t, res)
     if t._ind is None:
         np_view(t)[...] = vals
         return

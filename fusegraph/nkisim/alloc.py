@@ -115,6 +115,8 @@ def allocate(
         manual=manual,
         program=ctx.program_id,
     )
+    if buf_kind.on_chip and fill is None and st.buf is not None:
+        st.written = np.zeros(st.nbytes, dtype=np.bool_)  # reads of bytes never written are flagged (access.py)
     if buf_kind.on_chip:
         st.mem = ctx.mem.new(
             buf_kind.name, st.id, st.free_bytes, (start_partition, f_off) if manual else None, what, where, ctx.rec.count

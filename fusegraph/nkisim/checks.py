@@ -63,6 +63,7 @@ class Instr:
     def __init__(self, name: str):
         self.name = name
         self.ctx: ProgramContext = current(name)
+        self.ctx.instr_name = name  # names the instruction in access.py's uninitialized-read error
         self.inputs: dict[str, str] = {}
         if self.ctx.ind_cache:
             self.ctx.ind_cache.clear()

@@ -67,6 +67,7 @@ class ProgramContext:
         self.sendrecv_seq: dict[int, int] = {}
         # runtime-offset views resolved by the running instruction: id(view) -> (view, direct view)
         self.ind_cache: dict[int, tuple[Any, Any]] = {}
+        self.instr_name = ""  # the running instruction (set by checks.Instr), for errors raised below it
 
     # ---- location helpers (hot path) ----
     def where(self, depth: int = 3) -> str:

@@ -159,10 +159,14 @@ def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engin
         if rs is not None and rs.valid is not None:
             if d.shape[0] != s.shape[0]:
                 raise I.fail("oob_mode.skip with differently shaped src/dst is not supported", "not-implemented")
-            keep = rs.valid
-            cur = np.array(access.read(I.ctx, d, rd))
-            vals = np.where(keep.reshape((-1,) + (1,) * (len(d.shape) - 1)), vals, cur)
-        access.write(I.ctx, d, vals, rd)
+            keep = rs.valid.reshape((-1,) + (1,) * (len(d.shape) - 1))
+            cur = np.array(access.read(I.ctx, d, rd, check=False))  # rows skipped keep what they held
+            vals = np.where(keep, vals, cur)
+            before = access.written_before(d) if rd is None else None
+            access.write(I.ctx, d, vals, rd)
+            access.keep_unwritten(d, before, keep)
+        else:
+            access.write(I.ctx, d, vals, rd)
     queue = "auto" if eng is E.engine.unknown else eng.name
     if mode is E.dge_mode.swdge:
         queue = "gpsimd"

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from . import access
 from . import dtypes as dt
 from . import language_ops as nlops
 from .checks import PSUM, SBUF, Instr
@@ -272,12 +273,14 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
         pred = raw2(I, predicate) != 0
         if reverse_pred:
             pred = ~pred
-        cur = np.array(raw2(I, dst))
+        cur = np.array(access.read(I.ctx, dst, check=False)).reshape(pred.shape)  # kept where pred is false
         if isinstance(src, NkiTensor):
             new = raw2(I, src)
         else:
             new = dt.cast_to(np.full(cur.shape, src, dtype=np.float32), dst.dtype)
+        before = access.written_before(dst)
         store(I, dst, np.where(pred, new, cur).astype(dst.dtype.np))
+        access.keep_unwritten(dst, before, pred.reshape(dst.shape))
     mark_written(dst)
     I.record("tensor_copy_predicated", "vector", gd.partitions, gd.free_elems, dst.dtype.name, name_arg(name))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import access
 from . import dtypes as dt
 from .checks import SBUF, Instr, start_partition_ok
 from .isa_common import alu_op, flat2, is_scalar, mark_written, name_arg, raw2, store
@@ -35,7 +36,7 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
             )
     if I.data:
         s = np.asarray(raw2(I, src))
-        d = np.array(raw2(I, dst))
+        d = np.array(access.read(I.ctx, dst, check=False)).reshape(dst.shape[0], -1)  # partitions not shuffled keep theirs
         for q in range(active // 32):
             for i, m in enumerate(mask):
                 di, si = q * 32 + i, q * 32 + m

@@ -227,6 +227,7 @@ def _write_wide(dst, wide, values: np.ndarray) -> None:
     shape, off, strides = wide
     bits = dt.cast_to(np.asarray(values, dtype=np.float32), dst.dtype).view(np.uint8).astype("<u2")
     np.ndarray(shape, dtype="<u2", buffer=dst._st.buf, offset=off, strides=strides)[...] = bits.reshape(shape)
+    access.mark_bytes(dst._st, shape + (2,), off, strides + (1,))
 
 
 def _mark_wide(dst, wide) -> None:
@@ -282,6 +283,7 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
             shape, off, strides = wide
             np.ndarray(shape, dtype="<u2", buffer=dst._st.buf, offset=off, strides=strides)[...] = (
                 vals.view(np.uint8).astype("<u2").reshape(shape))
+            access.mark_bytes(dst._st, shape + (2,), off, strides + (1,))
         else:
             access.write(I.ctx, dst, vals.reshape(dst.shape))
     if wide is not None:

@@ -59,6 +59,7 @@ class Storage:
         "free_bytes",
         "psum_state",
         "psum_offset",
+        "written",
         "manual",
         "mem",
         "program",
@@ -102,6 +103,9 @@ class Storage:
             self.free_bytes = 0
         self.psum_state: np.ndarray | None = None
         self.psum_offset = 0
+        # per-byte "written since allocation" mask of uninitialised (sentinel-filled) SBUF/PSUM memory; None: not
+        # tracked (kernel arguments, filled allocations, shape-only runs), read as written everywhere
+        self.written: np.ndarray | None = None
         self.mem = None  # AllocRecord of on-chip allocations (liveness for capacity accounting)
 
     @property

@@ -137,7 +137,8 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
     from .llm.sft import export
 
     stats = export(args.out, max_examples=args.max, seed=args.seed, sweep_name=args.sweep, cards=not args.no_cards,
-                   target=args.target, limits=Limits(timeout_s=args.timeout), experience=args.experience)
+                   target=args.target, limits=Limits(timeout_s=args.timeout), experience=args.experience,
+                   include_benchmark=args.include_benchmark)
     print(stats.summary())
     return 0 if stats.examples or args.max == 0 else 1
 
@@ -216,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write repair trajectories (OUT.trajectories.jsonl) and reward records "
                         "(OUT.rewards.jsonl) from the writer's experience records in DIR "
                         "(<llm cache dir>/experience, or llm-eval --experience DIR)")
+    e.add_argument("--include-benchmark", action="store_true",
+                   help="also export experience records of llm-eval runs (left out by default: they answer the "
+                        "benchmark's held-out problems; included records stay marked source=llm-eval)")
     e.set_defaults(func=cmd_export_sft)
 
     v = sub.add_parser("llm-eval", help="score an NKI-writing model (OpenAI-compatible endpoint) on the fixed "

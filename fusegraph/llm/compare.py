@@ -66,3 +66,20 @@ def compare(got: torch.Tensor, ref: torch.Tensor, spec: TensorSpec, case: str) -
             f"(kernel {g.reshape(-1)[i].item():.6g}, reference {r.reshape(-1)[i].item():.6g}); {n} of {got.numel()} "
             f"element(s) exceed atol {atol:g}*{scale:.4g} + rtol {rtol:g}*|reference| (the atol scales with the "
             f"largest reference magnitude)"), max_diff
+
+
+def within(got: torch.Tensor, ref: torch.Tensor, spec: TensorSpec, factor: float) -> bool:
+    """Whether ``got`` matches ``ref`` with the tolerance scaled by ``factor`` (a near miss, for the reward)."""
+    if tuple(got.shape) != tuple(ref.shape):
+        return False
+    if got.numel() == 0:
+        return True
+    g, r = got.double(), ref.double()
+    atol, rtol = tolerance(spec)
+    g_fin, r_fin = torch.isfinite(g), torch.isfinite(r)
+    if bool(((g_fin != r_fin) | (~g_fin & ~r_fin & (g != r) & ~(torch.isnan(g) & torch.isnan(r)))).any()):
+        return False
+    both = g_fin & r_fin
+    diff = torch.where(both, (g - r).abs(), torch.zeros_like(g))
+    scale = max(1.0, float(torch.where(both, r.abs(), torch.zeros_like(r)).max()))
+    return not bool((both & (diff > factor * (atol * scale + rtol * r.abs()))).any())

@@ -116,7 +116,7 @@ def check_contract(tree: ast.Module, task: KernelTask) -> tuple[KernelInfo | Non
     if not computes and not task.data_movement_only:
         findings.append(Finding(kfn.lineno, "the kernel never calls an NKI compute instruction (nisa.tensor_tensor, "
                                             "nisa.activation, nisa.nc_matmul, ...): it must compute the result with "
-                                            "NKI, not only move data or return its input"))
+                                            "NKI, not only move data or return its input", cheat=True))
     return info, findings
 
 
@@ -143,5 +143,6 @@ def _check_returns(kfn: ast.FunctionDef, info: KernelInfo, task: KernelTask) -> 
                 task.inputs[i].name if i < len(task.inputs) else None)
             if not expected_alias:
                 findings.append(Finding(r.lineno, f"the kernel returns its input '{e.id}' as an output; allocate the "
-                                                  f"output with nl.ndarray(..., buffer=nl.shared_hbm) and compute it"))
+                                                  f"output with nl.ndarray(..., buffer=nl.shared_hbm) and compute it",
+                                        cheat=True))
     return findings

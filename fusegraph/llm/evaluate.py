@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from . import outcome
@@ -125,15 +125,16 @@ def score(problem: Problem, task: KernelTask, result: WriterResult, target: str 
     """Turn one writer result into the problem's row (computing the modeled speedup of an accepted kernel)."""
     atts = result.attempts
     answered = [a for a in atts if a.stage != "endpoint"]
-    levels = [outcome.reached(a.stage) for a in answered]
+    levels = [outcome.level_of(a.to_dict()) for a in answered]
     best = max((outcome.LEVELS.index(lv) for lv in levels if lv is not None), default=None)
     speed = Speed()
     if result.accepted and result.kernel_source:
         speed = modeled_speedup(task, result.kernel_source, result.kernel_name, result.profile, target)
     first = atts[0] if atts else None
     return ProblemResult(
-        problem=problem.name, lnc=problem.lnc, valid=any(outcome.is_valid(a.stage) for a in answered),
-        correct=result.accepted, first_valid=bool(first and outcome.is_valid(first.stage)),
+        problem=problem.name, lnc=problem.lnc, valid=any(outcome.is_valid_level(lv) for lv in levels),
+        correct=result.accepted,
+        first_valid=bool(first and first.stage != "endpoint" and outcome.is_valid_level(levels[0])),
         first_correct=bool(first and first.accepted), stage=atts[-1].stage if atts else "",
         reached=outcome.LEVELS[best] if best is not None else "", requests=len(atts),
         repair_rounds=max(0, len(atts) - 1), tokens=result.tokens,
@@ -159,7 +160,8 @@ def evaluate(url: str, model: str, *, rounds: int = 2, problems: list[str] | Non
     results = []
     for p in chosen:
         task = p.task()
-        res = score(p, task, write_with_config(task, cfg), target)
+        pcfg = replace(cfg, benchmark={"evalset_version": EVALSET_VERSION, "problem": p.name})
+        res = score(p, task, write_with_config(task, pcfg), target)
         log.info("llm-eval %s: %s (%s)", p.name, "correct" if res.correct else res.stage, res.reason)
         results.append(res)
         if progress is not None:

@@ -100,14 +100,19 @@ def task_from_json(d: dict[str, Any]) -> KernelTask:
 # ---- records --------------------------------------------------------------------------------------------------
 def record(directory: str | os.PathLike, task: KernelTask, messages: list[dict[str, str]], attempts: list[Any],
            *, accepted: bool, llm_model: str, prompt_version: str, target: str, cache_key: str = "",
-           origin: str = "compile") -> Path | None:
-    """Write one experience record atomically; a failure is logged, never raised (recording is best effort)."""
+           origin: str = "compile", benchmark: dict[str, str] | None = None) -> Path | None:
+    """Write one experience record atomically; a failure is logged, never raised (recording is best effort).
+
+    ``benchmark`` (``llm-eval``: evalset version and problem) marks the record's provenance: ``source`` is
+    ``"llm-eval"`` and the problem is named, so an export can keep the benchmark out of training data.
+    """
     try:
         task_json = task_to_json(task)
     except ValueError as e:
         log.info("not recording the LLM conversation for %s: %s", task.name, e)
         return None
     rec = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "origin": origin,
+           "source": "llm-eval" if benchmark else "compile", "benchmark": dict(benchmark) if benchmark else None,
            "llm_model": llm_model, "prompt_version": prompt_version, "target": target, "cache_key": cache_key,
            "accepted": bool(accepted), "task": task_json, "messages": messages,
            "attempts": [a.experience() if hasattr(a, "experience") else dict(a) for a in attempts]}
@@ -140,6 +145,23 @@ def load(directory: str | os.PathLike) -> Iterator[tuple[Path, dict[str, Any]]]:
             log.warning("skipping %s: not a %s record", p, FORMAT)
             continue
         yield p, data
+
+
+def provenance(rec: dict[str, Any]) -> dict[str, Any]:
+    """``{"source": "llm-eval" | "compile", "benchmark": {...} | None}`` of a record (older records: from
+    ``origin``, which ``llm-eval`` sets to ``"llm-eval v<version>"``)."""
+    bench = rec.get("benchmark")
+    origin = str(rec.get("origin", ""))
+    is_eval = rec.get("source") == "llm-eval" or bool(bench) or origin.startswith("llm-eval")
+    if is_eval and not isinstance(bench, dict):
+        bench = {"evalset_version": origin.split(" v", 1)[1] if " v" in origin else "",
+                 "problem": str((rec.get("task") or {}).get("name", ""))}
+    return {"source": "llm-eval" if is_eval else "compile", "benchmark": bench if is_eval else None}
+
+
+def is_benchmark(rec: dict[str, Any]) -> bool:
+    """Whether a record answers a benchmark problem (``llm-eval``): held-out data, not training data."""
+    return provenance(rec)["source"] == "llm-eval"
 
 
 def request_messages(rec: dict[str, Any], index: int) -> list[dict[str, str]]:

@@ -11,12 +11,16 @@ stage           what is checked
 ``reference``   the torch reference runs on the verification inputs (a failure here is the caller's bug)
 ``run``         the kernel runs in a separate, resource-limited process (:mod:`.worker`) on every case,
                 launched as ``kernel[2]`` for an LNC=2 task; the first case's profile comes back for the cost model
-``computes``    the run executed compute-engine instructions and did not hand back an input as an output
+``computes``    the run executed compute-engine instructions; every output is a tensor the kernel allocated
+                (not an input, a view of an input or another output); an ``alias_of`` output is the input
+                buffer itself, written in place; inputs not declared in place are left unchanged
 ``compare``     every output matches the reference within the dtype's tolerance, on every case
 ==============  ====================================================================================
 
 Each failure becomes a :class:`Verdict` whose ``reason`` is one line (for reports) and whose ``detail`` is the
-concrete error the repair round sends back to the model.
+concrete error the repair round sends back to the model. ``cheat`` marks a verdict where the kernel tried to
+pass without computing (it returned an input or a view of one, or computed nothing); ``close`` a wrong answer
+within :data:`LOOSE_FACTOR` times the tolerance. Both feed the reward ladder of :mod:`.outcome`.
 """
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ from .safety import check_safety
 from .task import KernelTask
 
 MAX_SOURCE_CHARS = 100_000
+LOOSE_FACTOR = 10.0
+"""A wrong answer within this multiple of the tolerance (on every output and case) counts as ``close``."""
 CONFORMANCE_VERSIONS = ("0.3.0", "0.6.0")
 
 
@@ -64,6 +70,8 @@ class Verdict:
     seconds: float = 0.0
     cases: list[dict[str, Any]] = field(default_factory=list)  # per-case run info from the worker
     profile: dict[str, Any] | None = None  # the first case's cost profile, once the kernel ran (for modeled time)
+    cheat: bool = False  # it would pass without computing (returned / viewed an input, computed nothing)
+    close: bool = False  # compare failed, but every output is within LOOSE_FACTOR x the tolerance
 
     @classmethod
     def fail(cls, stage: str, reason: str, detail: str = "", **kw: Any) -> "Verdict":
@@ -75,7 +83,8 @@ def _findings_verdict(stage: str, what: str, findings: list) -> Verdict:
     head = "; ".join(lines[:3]) + (f" (+{len(lines) - 3} more)" if len(lines) > 3 else "")
     if len(head) > 400:
         head = head[:397] + "..."
-    return Verdict.fail(stage, f"{what}: {head}", f"{what}:\n" + "\n".join(f"  {x}" for x in lines[:30]))
+    return Verdict.fail(stage, f"{what}: {head}", f"{what}:\n" + "\n".join(f"  {x}" for x in lines[:30]),
+                        cheat=any(getattr(f, "cheat", False) for f in findings))
 
 
 def parse(source: str) -> tuple[ast.Module | None, Verdict | None]:
@@ -274,19 +283,9 @@ def verify(source: str, task: KernelTask, *, target: str = "trn2", limits: Limit
     run = run_isolated(source, info.name, task, kept, target=target, limits=limits)
     if not run.ok:
         return done(Verdict.fail("run", run.reason, run.detail))
-    for (case, _), info_c in zip(kept, run.cases):
-        if info_c["compute_instructions"] == 0 and not task.data_movement_only:
-            return done(Verdict.fail(
-                "computes", f"no compute-engine instruction ran (input case '{case}'): the kernel only moves data",
-                "the kernel ran without executing a single Tensor/Vector/Scalar/GpSimd engine instruction; it must "
-                "compute its outputs with NKI instructions", cases=run.cases))
-        for k, hit in enumerate(info_c["returned_inputs"]):
-            spec = task.outputs[k] if k < len(task.outputs) else None
-            if hit is not None and (spec is None or spec.alias_of != task.inputs[hit].name):
-                return done(Verdict.fail(
-                    "computes", f"output {k} is the input '{task.inputs[hit].name}' returned unchanged",
-                    f"the kernel returned its input '{task.inputs[hit].name}' as output {k}; allocate the output "
-                    f"with nl.ndarray(..., buffer=nl.shared_hbm) and compute it", cases=run.cases))
+    bad = check_provenance(task, kept, run.cases)
+    if bad is not None:
+        return done(bad)
     worst = 0.0
     for (case, _), ref, got in zip(kept, refs, run.outputs):
         if len(got) != len(task.outputs):
@@ -301,7 +300,90 @@ def verify(source: str, task: KernelTask, *, target: str = "trn2", limits: Limit
             msg, diff = cmp.compare(g, r.to(g.dtype) if not r.is_floating_point() else r, spec, case)
             worst = max(worst, diff)
             if msg is not None:
-                return done(Verdict.fail("compare", msg.split(";")[0], msg, max_abs_diff=diff, cases=run.cases))
+                return done(Verdict.fail("compare", msg.split(";")[0], msg, max_abs_diff=diff, cases=run.cases,
+                                         close=_close(task, refs, run.outputs)))
     note = f" (cases skipped: reference NaN on {', '.join(skipped)})" if skipped else ""
     return done(Verdict(True, "accepted", f"verified on {len(kept)} input case(s){note}; max |diff| {worst:.3g}",
                         max_abs_diff=worst, cases=run.cases, profile=run.profile))
+
+
+def _close(task: KernelTask, refs: list[tuple[torch.Tensor, ...]], outputs: list[list[torch.Tensor]]) -> bool:
+    """Every output of every case within LOOSE_FACTOR x its tolerance (a near miss, not a wrong algorithm)."""
+    for ref, got in zip(refs, outputs):
+        if len(got) != len(task.outputs):
+            return False
+        for spec, g, r in zip(task.outputs, got, ref):
+            if g.dtype != spec.kernel_dtype or not cmp.within(g, r.to(g.dtype) if not r.is_floating_point() else r,
+                                                              spec, LOOSE_FACTOR):
+                return False
+    return True
+
+
+def _provenance_fail(reason: str, detail: str, cases: list[dict[str, Any]], cheat: bool) -> Verdict:
+    return Verdict.fail("computes", reason, detail, cases=cases, cheat=cheat)
+
+
+def check_provenance(task: KernelTask, kept: list[tuple[str, list[torch.Tensor]]],
+                     cases: list[dict[str, Any]]) -> Verdict | None:
+    """The run-time half of "the kernel computed its outputs": None when every case passes, else the verdict.
+
+    Why at run time: ``return x.ap(pattern=...)`` (a transposed view of the input, no data moved) or writing
+    the answer into an input and returning a view of it cannot be told from the source; the worker reports
+    which memory each output shares (:mod:`.worker`).
+    """
+    names = [s.name for s in task.inputs]
+    in_place = {names.index(o.alias_of) for o in task.outputs if o.alias_of in names}
+    for (case, _), c in zip(kept, cases):
+        if c["compute_instructions"] == 0 and not task.data_movement_only:
+            return _provenance_fail(
+                f"no compute-engine instruction ran (input case '{case}'): the kernel only moves data",
+                "the kernel ran without executing a single Tensor/Vector/Scalar/GpSimd engine instruction; it must "
+                "compute its outputs with NKI instructions", cases, cheat=True)
+        bad = _output_provenance(task, names, c)
+        if bad is not None:
+            reason, detail, cheat = bad
+            return _provenance_fail(reason, detail, cases, cheat=cheat)
+        wrote = [names[i] for i in c.get("written_inputs", []) if i not in in_place]
+        if wrote:
+            return _provenance_fail(
+                f"the kernel wrote its input '{wrote[0]}' (input case '{case}'), which the task does not declare as "
+                f"written in place",
+                f"the kernel modified its input(s) {', '.join(repr(w) for w in wrote)}; inputs are read-only unless an "
+                f"output is declared as written in place (alias_of): write results into tensors you allocate with "
+                f"nl.ndarray(..., buffer=nl.shared_hbm)", cases, cheat=False)
+    return None
+
+
+def _output_provenance(task: KernelTask, names: list[str], c: dict[str, Any]) -> tuple[str, str, bool] | None:
+    """(reason, detail, cheat) for the first output that is not what the contract requires, else None."""
+    allocate = "allocate the output with nl.ndarray(..., buffer=nl.shared_hbm) and write every element of it"
+    views = c.get("input_views") or [None] * len(c["returned_inputs"])
+    others = c.get("output_views") or [None] * len(c["returned_inputs"])
+    for k, spec in enumerate(task.outputs[: len(c["returned_inputs"])]):
+        same, view, other = c["returned_inputs"][k], views[k], others[k]
+        if spec.alias_of is not None:
+            want = names.index(spec.alias_of)
+            if same != want:
+                got = (f"a view of the input '{names[view]}'" if view is not None and same is None
+                       else f"the input '{names[same]}'" if same is not None else "a new tensor")
+                return (f"output '{spec.name}' must be the input '{spec.alias_of}' written in place, the kernel "
+                        f"returned {got}",
+                        f"output '{spec.name}' is declared as the input '{spec.alias_of}' written in place: write the "
+                        f"result into '{spec.alias_of}' itself (the buffer the kernel was given) and return "
+                        f"'{spec.alias_of}', not {got}", False)
+            continue
+        if same is not None:
+            how = "with the result written into it" if same in c.get("written_inputs", []) else "returned unchanged"
+            return (f"output {k} is the input '{names[same]}' itself, {how}",
+                    f"the kernel returned its input '{names[same]}' as output {k}; {allocate}", True)
+        if view is not None:
+            return (f"output '{spec.name}' is a view of the input '{names[view]}' (it shares the input's memory; "
+                    f"no data was moved into an output)",
+                    f"output {k} ('{spec.name}') is a view of the kernel's input '{names[view]}' (for example "
+                    f"{names[view]}.ap(...) or a reshape), not a tensor the kernel allocated and wrote; {allocate}",
+                    True)
+        if other is not None:
+            return (f"output '{spec.name}' shares its memory with output '{task.outputs[other].name}'",
+                    f"outputs {other} and {k} are the same tensor (or views of one); every output needs its own "
+                    f"tensor: {allocate}", False)
+    return None

@@ -63,6 +63,7 @@ class Finding:
     line: int
     message: str
     severity: int = 1  # 0 = reaches the host or computes outside NKI; 1 = anything else (listed first: 0)
+    cheat: bool = False  # the kernel would pass without computing: it returns an input, or computes nothing
 
     def __str__(self) -> str:
         return f"line {self.line}: {self.message}"

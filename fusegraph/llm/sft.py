@@ -94,9 +94,10 @@ def meta_path(path: str | Path) -> Path:
 
 def export(path: str | Path, *, max_examples: int | None = None, seed: int = 0, sweep_name: str = "small",
            cards: bool = True, target: str = "trn2", limits: Limits = Limits(),
-           experience: str | Path | None = None) -> ExportStats:
+           experience: str | Path | None = None, include_benchmark: bool = False) -> ExportStats:
     """Verify and write the examples of a sweep (optionally shuffled by ``seed`` and capped) plus the fact cards;
-    with ``experience``, also the repair trajectories and reward records of that directory's records."""
+    with ``experience``, also the repair trajectories and reward records of that directory's records
+    (``llm-eval`` records only with ``include_benchmark``: they are the benchmark's test set)."""
     t0 = time.perf_counter()
     stats = ExportStats(str(path))
     examples = sweep(sweep_name)
@@ -123,7 +124,8 @@ def export(path: str | Path, *, max_examples: int | None = None, seed: int = 0, 
     if experience is not None:
         from .trajectories import export_experience
 
-        stats.experience = export_experience(experience, path, limits=limits, seed=seed)
+        stats.experience = export_experience(experience, path, limits=limits, seed=seed,
+                                             include_benchmark=include_benchmark)
     stats.seconds = time.perf_counter() - t0
     return stats
 

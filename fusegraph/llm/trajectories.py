@@ -14,6 +14,11 @@
   kernel over the per-op baseline (:mod:`.speed`), a scalar ``reward`` in [0, 1] and ``prompt_id`` (answers
   with the same prompt_id answered the same request: the pairs for preference training).
 
+Provenance: every meta line and reward record carries ``source`` (``"compile"`` or ``"llm-eval"``) and
+``benchmark`` (the evalset version and problem, or null). Records of ``llm-eval`` runs answer the held-out
+benchmark problems, so they are **left out by default** (``include_benchmark=True``, ``export-sft
+--include-benchmark``, includes them, still marked): training on them would train on the test set.
+
 Nothing is written on trust: before a trajectory is written its corrected kernel passes the harness again and
 its failing answer fails again at the recorded stage; a correct answer's reward record comes from a fresh
 verification (which also yields the profile for the speedup). Records that do not reproduce are skipped and
@@ -29,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import outcome
-from .experience import load, request_messages, task_from_json
+from .experience import is_benchmark, load, provenance, request_messages, task_from_json
 from .extract import extract_code
 from .harness import Limits, Verdict, static_checks, verify
 from .task import KernelTask
@@ -60,11 +65,15 @@ class ExperienceStats:
     records: int = 0
     trajectories: int = 0
     rewards: int = 0
+    benchmark_excluded: int = 0  # llm-eval records left out (include_benchmark=False)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
         text = (f"{self.trajectories} repair trajectory record(s) and {self.rewards} reward record(s) from "
                 f"{self.records} experience record(s)")
+        if self.benchmark_excluded:
+            text += (f"; {self.benchmark_excluded} llm-eval (benchmark) record(s) left out (--include-benchmark "
+                     f"includes them)")
         if self.skipped:
             text += f"; skipped {len(self.skipped)}: " + "; ".join(f"{n} ({r})" for n, r in self.skipped[:10])
         return text
@@ -101,8 +110,10 @@ def repair_index(rec: dict[str, Any]) -> int | None:
 
 
 def export_experience(directory: str | Path, out: str | Path, *, limits: Limits = Limits(), seed: int = 0,
-                      speedups: bool = True) -> ExperienceStats:
-    """Write the trajectories and rewards files for ``out`` from the records in ``directory`` (see above)."""
+                      speedups: bool = True, include_benchmark: bool = False) -> ExperienceStats:
+    """Write the trajectories and rewards files for ``out`` from the records in ``directory`` (see above).
+
+    ``include_benchmark``: also export ``llm-eval`` records (left out by default: they are the test set)."""
     from .speed import modeled_speedup
 
     stats = ExperienceStats()
@@ -112,6 +123,9 @@ def export_experience(directory: str | Path, out: str | Path, *, limits: Limits 
             open(out_r, "w", encoding="utf-8") as fr:
         for path, rec in load(directory):
             stats.records += 1
+            if not include_benchmark and is_benchmark(rec):
+                stats.benchmark_excluded += 1
+                continue
             try:
                 task = task_from_json(rec["task"])
             except Exception as e:  # noqa: BLE001 - a record we cannot rebuild is skipped, not fatal
@@ -151,7 +165,7 @@ def _write_trajectory(name: str, rec: dict[str, Any], task: KernelTask, fresh: d
                          "prompt_version": rec.get("prompt_version", ""), "target": rec.get("target", "trn2"),
                          "failed_round": failed.get("round"), "failed_stage": failed.get("stage"),
                          "failed_reason": failed.get("reason", ""), "fixed_round": fixed.get("round"),
-                         "task": rec["task"]}, ensure_ascii=False) + "\n")
+                         **provenance(rec), "task": rec["task"]}, ensure_ascii=False) + "\n")
     return 1
 
 
@@ -160,7 +174,7 @@ def _write_rewards(name: str, rec: dict[str, Any], task: KernelTask, fresh: dict
     n = 0
     for i, a in enumerate(rec.get("attempts") or []):
         stage = a.get("stage", "")
-        level = outcome.reached(stage)
+        level = outcome.level_of(a)
         if stage == "endpoint" or level is None:
             continue  # no answer, or the task's own failure: nothing to reward
         messages = request_messages(rec, i)
@@ -172,11 +186,11 @@ def _write_rewards(name: str, rec: dict[str, Any], task: KernelTask, fresh: dict
         fr.write(json.dumps({
             "messages": messages, "completion": a.get("answer", ""), "prompt_id": prompt_id(messages),
             "task": task.name, "round": a.get("round"), "stage": stage, "level": level,
-            "valid": outcome.is_valid(stage), "correct": outcome.is_correct(stage),
+            "valid": outcome.is_valid_level(level), "correct": outcome.is_correct(stage),
             "speedup": None if speedup is None else round(speedup, 4), "speedup_note": note,
-            "reward": outcome.reward(stage), "reason": a.get("reason", ""), "tokens": a.get("tokens", 0),
+            "reward": outcome.reward(level, speedup), "reason": a.get("reason", ""), "tokens": a.get("tokens", 0),
             "llm_model": rec.get("llm_model", ""), "prompt_version": rec.get("prompt_version", ""),
-            "experience": name}, ensure_ascii=False) + "\n")
+            "experience": name, **provenance(rec)}, ensure_ascii=False) + "\n")
         n += 1
     return n
 

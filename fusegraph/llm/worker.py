@@ -11,7 +11,10 @@ scrubbed environment. Before the kernel is loaded the worker
 then loads the source with :func:`fusegraph.nkisim.load_kernel_source`, strips the kernel namespace's builtins
 down to the allow-list of :mod:`fusegraph.llm.safety` (defence in depth behind the static check), runs every
 input case through the interpreter (``kernel[lnc]`` when the job says so) and writes ``outputs.npz`` plus
-``result.json`` (with the first case's profile for the cost model). This module imports
+``result.json`` (with the first case's profile for the cost model). Per case it also reports where each output
+came from — an input itself (``returned_inputs``), memory shared with an input (``input_views``: a view such as
+``x.ap(...)`` that moved no data) or with an earlier output (``output_views``) — and which inputs the kernel
+wrote (``written_inputs``), so the harness can insist that outputs are tensors the kernel allocated and wrote. This module imports
 NumPy and the interpreter only (no torch): start-up stays around 0.2 s.
 """
 from __future__ import annotations
@@ -130,6 +133,12 @@ def cost_profile(prof: Any) -> dict:
             "truncated": len(d["sites"]) > MAX_PROFILE_ENTRIES or len(d["dmas"]) > MAX_PROFILE_ENTRIES}
 
 
+def _changed(now: np.ndarray, before: np.ndarray) -> bool:
+    """Whether the kernel wrote ``now`` (bit patterns, so NaN inputs compare equal to themselves)."""
+    return now.shape != before.shape or not np.array_equal(np.ascontiguousarray(now).view(np.uint8),
+                                                           np.ascontiguousarray(before).view(np.uint8))
+
+
 def run_job(job_dir: str) -> dict:
     with open(os.path.join(job_dir, "job.json")) as f:
         job = json.load(f)
@@ -137,8 +146,10 @@ def run_job(job_dir: str) -> dict:
     with open(kernel_file) as f:
         source = f.read()
     data = np.load(os.path.join(job_dir, "inputs.npz"), allow_pickle=False)
-    cases = [[unpack(data[f"c{c}_a{a}"], spec["dtype"]) for a, spec in enumerate(job["inputs"])]
-             for c in range(len(job["cases"]))]
+    # private, writable, contiguous copies: the interpreter then aliases them (writes land in them, views of an
+    # input share their memory), which is what output_provenance() inspects
+    cases = [[np.array(unpack(data[f"c{c}_a{a}"], spec["dtype"]), order="C", copy=True)
+              for a, spec in enumerate(job["inputs"])] for c in range(len(job["cases"]))]
 
     from fusegraph import nkisim
 
@@ -156,6 +167,7 @@ def run_job(job_dir: str) -> dict:
     outputs: dict[str, np.ndarray] = {}
     for c, (case, args) in enumerate(zip(job["cases"], cases)):
         t0 = time.perf_counter()
+        before = [a.copy() for a in args]
         try:
             out = nkisim.run(kernel, *args, target=job["target"], lnc=int(job.get("lnc", 1)))
         except BaseException as exc:  # noqa: BLE001
@@ -167,7 +179,8 @@ def run_job(job_dir: str) -> dict:
             result["profile"] = cost_profile(prof)
         info = {"case": case, "seconds": round(time.perf_counter() - t0, 4), "instructions": prof.instructions,
                 "compute_instructions": sum(prof.engines[e].instructions for e in COMPUTE_ENGINES),
-                "outputs": [], "returned_inputs": []}
+                "outputs": [], "returned_inputs": [], "input_views": [], "output_views": [],
+                "written_inputs": [a for a, (x, x0) in enumerate(zip(args, before)) if _changed(x, x0)]}
         for k, o in enumerate(outs):
             hit = next((a for a, arr in enumerate(args) if o is arr), None)
             info["returned_inputs"].append(hit)
@@ -176,6 +189,8 @@ def run_job(job_dir: str) -> dict:
                                    "location": None, "trace": [],
                                    "message": f"output {k} is a {type(o).__name__}, not an array"}
                 return result
+            info["input_views"].append(next((a for a, arr in enumerate(args) if np.may_share_memory(o, arr)), None))
+            info["output_views"].append(next((j for j in range(k) if np.may_share_memory(o, outs[j])), None))
             arr, name = pack(o)
             outputs[f"c{c}_o{k}"] = arr
             info["outputs"].append({"dtype": name, "shape": list(o.shape)})

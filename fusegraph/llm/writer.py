@@ -42,6 +42,7 @@ class Attempt:
     completion_tokens: int = 0
     seconds: float = 0.0  # request + verification
     max_abs_diff: float | None = None
+    level: str = ""  # how close the answer came (fusegraph.llm.outcome.LEVELS; "" for endpoint/reference failures)
     # what the experience record keeps (not the report: sources stay out of it)
     answer: str = ""  # the model's full reply
     code: str | None = None  # the kernel extracted from it (None: no code block)
@@ -49,7 +50,7 @@ class Attempt:
     feedback: str = ""  # the repair message sent back after this answer ("" when none was sent)
 
     REPORT_FIELDS = ("round", "accepted", "reason", "stage", "tokens", "prompt_tokens", "completion_tokens",
-                     "seconds", "max_abs_diff")
+                     "seconds", "max_abs_diff", "level")
 
     def to_dict(self) -> dict[str, Any]:
         """For the fused-region report (the answer texts are in the experience record, not here)."""
@@ -105,6 +106,9 @@ class WriterConfig:
     record_experience: bool = True
     experience_dir: str = ""  # "" -> <cache dir>/experience
     origin: str = "compile"  # who asked (recorded with the experience)
+    #: set by ``llm-eval``: the benchmark problem this call answers ({"evalset_version", "problem"}); recorded as
+    #: provenance so ``export-sft`` keeps benchmark conversations out of training data by default
+    benchmark: dict[str, str] | None = None
 
     @classmethod
     def from_settings(cls, settings: Any) -> "WriterConfig":
@@ -152,6 +156,7 @@ def _write(task: KernelTask, cfg: WriterConfig) -> WriterResult:
     from .cache import KernelCache, cache_key
     from .client import ChatClient
     from .extract import extract_code
+    from . import outcome
     from .harness import Limits, static_checks, verify
     from .prompt import NO_CODE_DETAIL, PROMPT_VERSION, build_messages, repair_message
 
@@ -189,7 +194,7 @@ def _write(task: KernelTask, cfg: WriterConfig) -> WriterResult:
 
             path = record(cfg.experience_dir or default_dir(cfg.cache_dir), task, base, attempts,
                           accepted=result.accepted, llm_model=cfg.model, prompt_version=PROMPT_VERSION,
-                          target=cfg.target, cache_key=key, origin=cfg.origin)
+                          target=cfg.target, cache_key=key, origin=cfg.origin, benchmark=cfg.benchmark)
             result.experience_path = str(path) if path else ""
         return result
 
@@ -210,8 +215,9 @@ def _write(task: KernelTask, cfg: WriterConfig) -> WriterResult:
         else:
             verdict = verify(code, task, target=cfg.target, limits=limits)
             stage, reason, detail = verdict.stage, verdict.reason, verdict.detail
+        level = outcome.reached(stage, verdict.cheat, verdict.close) if verdict is not None else outcome.reached(stage)
         att = Attempt(accepted=verdict is not None and verdict.ok, stage=stage, reason=reason,
-                      seconds=round(time.perf_counter() - t0, 3),
+                      seconds=round(time.perf_counter() - t0, 3), level=level or "",
                       max_abs_diff=verdict.max_abs_diff if verdict is not None else None,
                       answer=reply.text, code=code, detail=detail, **common)
         attempts.append(att)

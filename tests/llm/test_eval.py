@@ -79,11 +79,27 @@ def test_eval_counts_right_wrong_and_invalid_answers(no_user_cache, tmp_path):
     recs = [rec for _, rec in load(tmp_path / "exp")]
     assert sorted(r["task"]["name"] for r in recs) == ["cumsum", "layernorm", "row_softmax", "topk"]
     assert {r["origin"] for r in recs} == {f"llm-eval v{evalset.EVALSET_VERSION}"}
-    # ... and they export: layernorm's repair is a trajectory that re-verifies, every answer a reward record
-    stats = export_experience(tmp_path / "exp", tmp_path / "sft.jsonl")
+    # every record names its benchmark problem
+    assert {r["source"] for r in recs} == {"llm-eval"}
+    assert sorted(r["benchmark"]["problem"] for r in recs) == ["cumsum", "layernorm", "row_softmax", "topk"]
+    assert {r["benchmark"]["evalset_version"] for r in recs} == {evalset.EVALSET_VERSION}
+    # the benchmark is the test set: by default nothing of it is exported for training
+    stats = export_experience(tmp_path / "exp", tmp_path / "default.jsonl")
+    assert (stats.records, stats.trajectories, stats.rewards, stats.benchmark_excluded) == (4, 0, 0, 4)
+    assert "llm-eval (benchmark) record(s) left out" in stats.summary()
+    assert trajectories_path(tmp_path / "default.jsonl").read_text() == ""
+    # ... explicitly included: layernorm's repair is a trajectory that re-verifies, every answer a reward
+    # record, each marked with its provenance
+    stats = export_experience(tmp_path / "exp", tmp_path / "sft.jsonl", include_benchmark=True)
     assert (stats.records, stats.trajectories, stats.rewards, stats.skipped) == (4, 1, 7, [])
     (check,) = reverify_trajectories(trajectories_path(tmp_path / "sft.jsonl"))
     assert check.ok and check.recorded_stage == "compare" and check.fixed.ok
+    out = tmp_path / "sft.jsonl"
+    meta = [json.loads(x) for x in out.with_name("sft.trajectories.meta.jsonl").read_text().splitlines()]
+    rewards = [json.loads(x) for x in out.with_name("sft.rewards.jsonl").read_text().splitlines()]
+    assert [(m["source"], m["benchmark"]["problem"]) for m in meta] == [("llm-eval", "layernorm")]
+    assert {r["source"] for r in rewards} == {"llm-eval"} and all(r["benchmark"]["problem"] == r["task"]
+                                                                  for r in rewards)
 
 
 def test_rounds_zero_is_the_model_alone_and_no_cache_is_reused(no_user_cache):

@@ -33,7 +33,7 @@ def test_writer_records_each_answer_the_error_sent_back_and_the_next_answer(llm_
     assert second["accepted"] and second["code"] == K.GOOD and second["feedback"] == ""
     # the report view stays free of model text
     assert set(result.to_dict()["attempts"][0]) == {"round", "accepted", "reason", "stage", "tokens", "prompt_tokens",
-                                                    "completion_tokens", "seconds", "max_abs_diff"}
+                                                    "completion_tokens", "seconds", "max_abs_diff", "level"}
 
 
 def test_cache_hits_and_dead_endpoints_record_nothing(llm_settings, tmp_path):
@@ -138,10 +138,14 @@ def test_reward_records_one_per_answer(exported):
         assert r["messages"][-1]["role"] == "user" and r["completion"]
         assert r["valid"] == (r["stage"] in ("compare", "accepted")) and r["correct"] == (r["stage"] == "accepted")
     assert sorted(by_stage) == ["accepted", "compare", "conformance", "extract", "safety"]
-    assert {r["reward"] for r in by_stage["accepted"]} == {1.0}
-    assert {r["reward"] for r in by_stage["compare"]} == {0.8}
-    assert {r["reward"] for r in by_stage["safety"]} == {0.2}
-    assert {r["reward"] for r in by_stage["extract"]} == {0.0}
+    # rewards follow the level ladder (fusegraph/llm/outcome.py); a correct one grows with the modeled speedup
+    assert all(r["reward"] == pytest.approx(0.9 + 0.1 * r["speedup"] / (1 + r["speedup"]), abs=1e-4)
+               for r in by_stage["accepted"])
+    assert {(r["level"], r["reward"]) for r in by_stage["compare"]} == {("computes", 0.6)}  # 2.5 x for 2.0 x
+    assert {(r["level"], r["reward"]) for r in by_stage["conformance"]} == {("allow-list", 0.3)}
+    assert {(r["level"], r["reward"]) for r in by_stage["safety"]} == {("parse", 0.2)}
+    assert {(r["level"], r["reward"]) for r in by_stage["extract"]} == {("none", 0.0)}
+    assert all(r["source"] == "compile" and r["benchmark"] is None for r in recs)
     assert all(r["speedup"] > 0 for r in by_stage["accepted"])
     assert all(r["speedup"] is None for s, rs in by_stage.items() if s != "accepted" for r in rs)
     # the first answers of the five conversations answered the same request: one prompt id

@@ -257,6 +257,50 @@ def _reuse_off_for_dynamic_shapes(layer_idx: int) -> bool:
     return True
 
 
+def _hooks(m: torch.nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or getattr(m, "_forward_hooks_with_kwargs", None))
+
+
+def _not_reusable_because(layer: torch.nn.Module) -> str | None:
+    """Why dynamo's reuse of a traced layer could be wrong for ``layer``, or None.
+
+    Dynamo decides whether a region's trace fits another call from the arguments it sees (the module's type,
+    parameters and attributes), not from code attached to single instances: a submodule whose ``forward`` (or
+    ``__call__``) was replaced on the instance (adapters patched in place, ``m.forward = ...``) would silently run
+    layer 0's code (its trace is reused), and forward hooks (adapters written as hooks) make dynamo fail while it
+    builds the region's guards. Such a layer is traced on its own, as without the rewrite."""
+    from torch.nn.modules import module as nn_module
+
+    if getattr(nn_module, "_global_forward_hooks", None) or getattr(nn_module, "_global_forward_pre_hooks", None):
+        return "global module forward hooks are registered"
+    for path, m in layer.named_modules():
+        where = path or "the layer itself"
+        if _hooks(m):
+            return f"{where} has forward hooks"
+        if m is not layer and ("forward" in vars(m) or "__call__" in vars(m)):
+            return f"{where} has a forward of its own (set on the instance)"
+    return None
+
+
+_told: set[tuple[type, str]] = set()
+
+
+@torch._dynamo.assume_constant_result
+def _reusable(layer: torch.nn.Module) -> bool:
+    """Whether ``layer`` may go through the reused region (run eagerly at trace time: walking the layer's
+    modules adds no guards; dynamo guards the hooks and attributes it traces through anyway, so a hook or an
+    instance forward added after the compile makes it recompile and ask again)."""
+    why = _not_reusable_because(layer)
+    if why is None:
+        return True
+    key = (type(layer), why)
+    if key not in _told:
+        _told.add(key)
+        log.info("layer reuse off for decoder layer %s (%s): %s; traced as without reuse_layer_traces",
+                 _layer_idx(layer), type(layer).__name__, why)
+    return False
+
+
 def forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The layer's own forward, through the reusable region when the cache allows it."""
     original = original_forward(type(module))
@@ -271,7 +315,7 @@ def forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             or not layers[idx].is_initialized or type(cache).update is not _TARGETS[1]):
         return original(module, *args, **kwargs)
     flat = _flatten(args, {k: v for k, v in kwargs.items() if k != cache_kw})
-    if flat is None:
+    if flat is None or not _reusable(module):
         return original(module, *args, **kwargs)
     spec, leaves = flat
     layer = layers[idx]

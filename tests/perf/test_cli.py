@@ -29,8 +29,14 @@ def test_bench_command(tmp_path, capsys):
     out = tmp_path / "perf.json"
     assert main(["bench", "--models", "qwen3-moe-tiny", "--targets", "trn3", "--layers", "1", "--cache-len", "32",
                  "--json", str(out)]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "(c) megakernel ms" in text and "qwen3-moe-tiny" in text
+    # off a terminal the progress is lines on stderr: one per model and per stage (it used to be silent)
+    progress = captured.err.splitlines()
+    assert "[fusegraph] model 1/1: qwen3-moe-tiny on trn3" in progress
+    assert any(ln.startswith("[fusegraph] qwen3-moe-tiny: capture and match: ") for ln in progress)
+    assert "\r" not in captured.err
     data = json.loads(out.read_text())
     row = data["rows"][0]
     assert row["status"] == "run"
@@ -67,3 +73,18 @@ def test_report_html_flag(tmp_path):
     assert main(["report", "--model", "llama-tiny", "--layers", "1", "--html", str(path)]) == 0
     text = path.read_text()
     assert 'id="program-graph"' in text and 'id="region-table"' in text
+
+
+def test_kernel_command_accepts_a_config_json_at_full_size(tmp_path, capsys):
+    """``--model config.json --size full``: the user's config as written, on the meta device (one layer here)."""
+    cfg = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+           "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+           "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    out = tmp_path / "k.py"
+    assert main(["kernel", "--model", str(path), "--size", "full", "--layers", "1", "--max-cache-len", "64",
+                 "--out", str(out)]) == 0
+    src = out.read_text()
+    assert "@nki.jit" in src and "1536" in src  # the config's hidden size, not a tiny one

@@ -13,6 +13,7 @@ import torch
 from ..codegen.bisect import Divergence, first_divergence
 from ..program import Program
 from .eager import build_plan, run_plan
+from .kernel_cache import codegen_options
 from .nki import marshal_input
 
 
@@ -43,11 +44,13 @@ def bisect_graph(program: Program, graph_index: int = 0, **kw: Any) -> list[Dive
         ref_env = {name: (marshal_input(src, plan.generated.specs[name].dtype, kargs_env[src.node])
                           if src.kind == "input" else src.value(kargs_env[src.node]))
                    for name, src in plan.lowered.args.items()}
-        d = first_divergence(plan.lowered.program, kernel_args, lambda n: env[n],
-                             lambda nodes: sorted({G.nodes[n].get("op", "?") for n in nodes}),
-                             tolerance=tolerance, target=run.settings.target,
-                             reference_env=ref_env, layouts=plan.generated.layouts,
-                             chunk_bytes=run.settings.weight_chunk_kib * 1024, ring=run.settings.weight_buffers, **kw)
+        with codegen_options(run.settings):  # prefixes rebuilt with the switches the kernel was built with
+            d = first_divergence(plan.lowered.program, kernel_args, lambda n: env[n],
+                                 lambda nodes: sorted({G.nodes[n].get("op", "?") for n in nodes}),
+                                 tolerance=tolerance, target=run.settings.target,
+                                 reference_env=ref_env, layouts=plan.generated.layouts,
+                                 chunk_bytes=run.settings.weight_chunk_kib * 1024, ring=run.settings.weight_buffers,
+                                 **kw)
         if d is not None:
             found.append(d)
     return found

@@ -67,6 +67,7 @@ class Progress:
         self._last_write = time.monotonic()
         self._last_key: str | None = None
         self._steps: list[tuple[str, float]] = []
+        self._status = ""  # the last status text (a terminal heartbeat adds the elapsed time to it)
         self._beat: threading.Thread | None = None
         self._beat_stop = threading.Event()
 
@@ -102,6 +103,7 @@ class Progress:
 
     def update(self, text: str) -> None:
         """Overwrite the current status line (a running step); off a terminal, a line when the stage changed."""
+        self._status = text
         self._write(text, end="")
 
     def finish(self) -> None:
@@ -152,7 +154,11 @@ class Progress:
                 quiet = time.monotonic() - self._last_write
                 label, t0 = self._steps[-1] if self._steps else ("", 0.0)
             if label and quiet >= self.heartbeat:
-                self.update(f"{label} ... {time.perf_counter() - t0:.0f} s")
+                elapsed = time.perf_counter() - t0
+                if self.live:  # the status stays what it was, with the step's time: "... layer 3/48 [12 s]"
+                    self._write(f"{self._status or label} [{elapsed:.0f} s]", end="")
+                else:
+                    self._write(f"{label} ... {elapsed:.0f} s", end="")
 
 
 def layer_of_lines(source: str) -> list[int]:

@@ -75,3 +75,14 @@ def test_kernel_command_prints_progress_lines_on_a_pipe(tmp_path):
     assert any(ln.startswith("[fusegraph] llama-tiny: capture, match, codegen (trn2) ...") for ln in lines)
     assert any(ln.startswith("[fusegraph] llama-tiny: shape-only profile (trn2): ") for ln in lines)
     assert any(ln.startswith("modeled on trn2 (one core") for ln in lines)
+
+
+def test_terminal_heartbeat_keeps_the_status_and_adds_the_time():
+    t = _Tty()
+    p = Progress(stream=t, heartbeat=0.05)
+    with p.step("codegen"):
+        p.update("lowering and generating the megakernel for trn2")
+        time.sleep(0.4)
+    text = t.getvalue()
+    assert "\r\033[K[fusegraph] lowering and generating the megakernel for trn2 [0 s]" in text
+    assert text.endswith("\n") and "[fusegraph] codegen: " in text.splitlines()[-1]

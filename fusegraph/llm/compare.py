@@ -50,8 +50,12 @@ def compare(got: torch.Tensor, ref: torch.Tensor, spec: TensorSpec, case: str) -
         i = int(nonfinite_bad.reshape(-1).nonzero()[0])
         idx = _index(i, tuple(got.shape))
         n = int(nonfinite_bad.sum())
+        unwritten = int((torch.isnan(g) & r_fin).sum())
+        hint = (f"; {unwritten} of them NaN where the reference is finite: fresh memory holds NaN, so the kernel "
+                f"probably never wrote those elements (every element of an output must be written)"
+                if unwritten else "")
         return (f"{where}: {n} element(s) non-finite where the reference is not (or the reverse), first at {idx}: "
-                f"kernel {g.reshape(-1)[i].item():.6g}, reference {r.reshape(-1)[i].item():.6g}"), float("inf")
+                f"kernel {g.reshape(-1)[i].item():.6g}, reference {r.reshape(-1)[i].item():.6g}{hint}"), float("inf")
     both = g_fin & r_fin
     diff = torch.where(both, (g - r).abs(), torch.zeros_like(g))
     max_diff = float(diff.max())

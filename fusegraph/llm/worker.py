@@ -14,8 +14,8 @@ input case through the interpreter (``kernel[lnc]`` when the job says so) and wr
 ``result.json`` (with the first case's profile for the cost model). Per case it also reports where each output
 came from — an input itself (``returned_inputs``), memory shared with an input (``input_views``: a view such as
 ``x.ap(...)`` that moved no data) or with an earlier output (``output_views``) — and which inputs the kernel
-wrote (``written_inputs``), so the harness can insist that outputs are tensors the kernel allocated and wrote. This module imports
-NumPy and the interpreter only (no torch): start-up stays around 0.2 s.
+wrote (``written_inputs``), so the harness can insist that outputs are tensors the kernel allocated and wrote.
+This module imports NumPy and the interpreter only (no torch): start-up stays around 0.2 s.
 """
 from __future__ import annotations
 

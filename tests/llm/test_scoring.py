@@ -126,6 +126,7 @@ def test_writing_an_input_that_is_not_declared_in_place_is_rejected():
 def test_an_output_not_written_in_full_is_wrong():
     v = verify(TRANSPOSE_HALF, _task("transpose"))  # only the first 128 of 256 columns
     assert not v.ok and v.stage == "compare" and "non-finite" in v.reason and not v.cheat
+    assert "49152 of them NaN" in v.detail and "never wrote those elements" in v.detail  # 384 x 128 never written
 
 
 # ---- the reward ladder ----------------------------------------------------------------------------------------

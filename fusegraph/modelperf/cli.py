@@ -79,8 +79,8 @@ def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def report_kernel_error(e: BaseException, verbose: bool, progress: Progress | None = None) -> int:
-    """An interpreter rule error of a generated kernel: its one-line message first, the stack only with
-    ``--verbose``; returns the exit code (1)."""
+    """An interpreter rule error of a generated kernel (or codegen refusing the model): its one-line message
+    first, the stack only with ``--verbose``; returns the exit code (1)."""
     import traceback
 
     if progress is not None:
@@ -200,6 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_kernel(args: argparse.Namespace) -> int:
     from ..api.kernel import build_decode_kernel
+    from ..codegen.errors import CodegenError
     from ..nkisim import NkiSimError
 
     if args.profile:
@@ -219,7 +220,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
         with progress.step(f"{args.model}: capture, match, codegen ({args.target})"):
             gen = build_decode_kernel(args.model, target=args.target, profile=False, case_kwargs=case_kwargs,
                                       progress=progress.update).generated
-    except NkiSimError as e:
+    except (NkiSimError, CodegenError) as e:  # no kernel for this model (no region, over budget, a rule)
         return report_kernel_error(e, verbose, progress)
     progress.finish()
     if args.out:

@@ -1,5 +1,6 @@
 """``fusegraph kernel`` / ``bench`` / ``report --html`` (small models, few layers)."""
 import json
+import os
 import textwrap
 
 from fusegraph.cli import main
@@ -88,3 +89,32 @@ def test_kernel_command_accepts_a_config_json_at_full_size(tmp_path, capsys):
                  "--out", str(out)]) == 0
     src = out.read_text()
     assert "@nki.jit" in src and "1536" in src  # the config's hidden size, not a tiny one
+
+
+def test_kernel_profile_shows_an_interpreter_rule_error_in_one_line(monkeypatch, capsys):
+    """A rule error of the shape-only run: the one-line message first, the interpreter's stack only with
+    --verbose (the error is injected: fusegraph's own kernels pass the interpreter)."""
+    import fusegraph.modelperf.cli as perf_cli
+    from fusegraph.nkisim import NkiValidationError
+
+    def rejected(*args, **kwargs):
+        raise NkiValidationError("nisa.tensor_copy: dst must be in SBUF", rule="buffer", location="kernel.py:12")
+
+    monkeypatch.setattr(perf_cli, "profile_shape_only", rejected)
+    argv = ["kernel", "--model", "llama-tiny", "--layers", "1", "--max-cache-len", "16", "--profile", "--out",
+            os.devnull]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if not ln.startswith("[fusegraph]")]
+    assert errors[0] == "fusegraph: kernel error: [buffer] nisa.tensor_copy: dst must be in SBUF (at kernel.py:12)"
+    assert "Traceback" not in err and "--verbose" in errors[1]
+    assert main([*argv, "--verbose"]) == 1
+    err = capsys.readouterr().err
+    assert "fusegraph: kernel error: [buffer]" in err and "Traceback" in err
+
+
+def test_kernel_of_a_model_without_a_region_is_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("FUSEGRAPH_SBUF_BUDGET", str(32 * 1024))  # the kernel needs more: codegen refuses it
+    assert main(["kernel", "--model", "llama-tiny", "--layers", "1", "--out", os.devnull]) == 1
+    err = capsys.readouterr().err
+    assert "fusegraph: kernel error: the kernel needs " in err and "Traceback" not in err

@@ -87,7 +87,9 @@ class Settings:
         2, "Repair rounds after the first answer: a rejected kernel's concrete error is sent back this many times.",
         ge=0,
     )
-    llm_timeout_s: float = _opt(120.0, "Timeout of one chat request to the LLM endpoint, in seconds.", gt=0)
+    llm_timeout_s: float = _opt(
+        120.0, "Total deadline of one chat request to the LLM endpoint (connect, headers and body together; an "
+        "endpoint that trickles its answer is cut off), in seconds.", gt=0)
     llm_max_tokens: int = _opt(4096, "Completion token limit of one chat request.", ge=1)
     llm_run_timeout_s: float = _opt(
         60.0, "Wall-clock limit of one verification run of an LLM-written kernel (separate process), in seconds.",

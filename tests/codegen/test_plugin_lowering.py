@@ -230,11 +230,27 @@ def test_unlowerable_match_is_refused_at_region_formation(cumsum_pattern):
     assert cumsum and not any(set(cumsum) & r.kernel_nodes for r in record.regions)  # it ran eagerly
 
 
+def _decode_with_lowering(monkeypatch, lowering, lower, marker: str, steps: int) -> list[str]:
+    """Greedy-decode llama-tiny with ``lowering.lower`` replaced by ``lower``; tokens and logits must equal eager.
+    Returns the fusegraph warnings that contain ``marker``."""
+    from fusegraph.models import build_decode, greedy_decode
+
+    monkeypatch.setattr(lowering, "lower", lower)
+    case = build_decode("llama-tiny")
+    ref = case.fork()
+    step = _compile(case.step)
+    with pytest.warns(FusegraphWarning) as caught:
+        toks_c, logits_c = greedy_decode(step, case.token, case.position, steps)
+    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, steps)
+    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
+    for a, b in zip(logits_c, logits_e):
+        assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
+    return [str(w.message) for w in caught if marker in str(w.message)]
+
+
 def test_build_failure_sends_only_the_failing_match_to_the_eager_path(monkeypatch):
     """A lowering that raises at build time (here: the residual add's of layer 1) costs that match only: one
     warning naming it and the cause, the rest of the decoder stack stays in kernels, tokens equal eager."""
-    from fusegraph.models import build_decode, greedy_decode
-
     add = registry.lowering_for("residual_add")
     original = add.lower
 
@@ -246,21 +262,11 @@ def test_build_failure_sends_only_the_failing_match_to_the_eager_path(monkeypatc
                 raise CodegenError("injected failure")
         return original(L, m)
 
-    monkeypatch.setattr(add, "lower", flaky)
-    case = build_decode("llama-tiny")
-    ref = case.fork()
-    step = _compile(case.step)
-    with pytest.warns(FusegraphWarning) as caught:
-        toks_c, logits_c = greedy_decode(step, case.token, case.position, 3)
-    msgs = [str(w.message) for w in caught if "injected failure" in str(w.message)]
+    msgs = _decode_with_lowering(monkeypatch, add, flaky, "injected failure", steps=3)
     # one warning per build (dynamo may compile the step twice in a long test session)
     assert msgs and len(set(msgs)) == 1 and len(msgs) <= 2
     assert "fusegraph.residual_add at model.layers.1" in msgs[0]
     assert "the rest of the region stays in the kernel" in msgs[0]
-    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, 3)
-    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
-    for a, b in zip(logits_c, logits_e):
-        assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
     record = _record()
     assert record.launches_per_call == 2 and all(r.verification == "passed" for r in record.regions)
     assert [r.region_id for r in record.regions] == [0, 0]  # one region, two kernels around the dropped add
@@ -273,8 +279,6 @@ def test_lowering_raising_anything_costs_its_match_only(monkeypatch, exc):
     """A lowering that raises something other than CodegenError (a plugin's SystemExit(4) included) must not end
     the user's process: it is contained like a CodegenError of that match (one warning naming the exception), the
     rest of the region stays in kernels, tokens equal eager. KeyboardInterrupt still propagates (next test)."""
-    from fusegraph.models import build_decode, greedy_decode
-
     add = registry.lowering_for("residual_add")
     original = add.lower
 
@@ -283,16 +287,8 @@ def test_lowering_raising_anything_costs_its_match_only(monkeypatch, exc):
             raise exc
         return original(L, m)
 
-    monkeypatch.setattr(add, "lower", broken)
-    case = build_decode("llama-tiny")
-    ref = case.fork()
-    step = _compile(case.step)
-    with pytest.warns(FusegraphWarning) as caught:
-        toks_c, logits_c = greedy_decode(step, case.token, case.position, 2)
-    msgs = [str(w.message) for w in caught if type(exc).__name__ in str(w.message)]
-    assert msgs and "fusegraph.residual_add at model.layers.1" in msgs[0], [str(w.message) for w in caught]
-    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, 2)
-    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
+    msgs = _decode_with_lowering(monkeypatch, add, broken, type(exc).__name__, steps=2)
+    assert msgs and "fusegraph.residual_add at model.layers.1" in msgs[0]
     record = _record()
     assert record.launches_per_call >= 1 and all(r.verification == "passed" for r in record.regions)
 

@@ -39,7 +39,10 @@ _VIEW_FIELDS = ("keys", "values", "cumulative_length", "device", "is_initialized
 _OTHER_CACHE_API = ("get_seq_length", "get_mask_sizes", "get_max_cache_shape", "layers", "crop", "reset",
                     "is_compileable", "is_sliding", "offloading", "prefetch", "offload", "reorder_cache",
                     "batch_repeat_interleave", "batch_select_indices", "to_legacy_cache", "key_cache",
-                    "value_cache", "seen_tokens", "cumulative_length", "layer_class_to_replicate", "early_initialization")
+                    "value_cache", "seen_tokens", "cumulative_length", "layer_class_to_replicate", "early_initialization",
+                    # hybrid caches (linear attention / conv / SSM states: Qwen3-Next, LFM2, Falcon-H1, Granite 4...)
+                    "get_conv_state", "update_conv_state", "get_recurrent_state", "update_recurrent_state",
+                    "has_previous_state", "conv_states", "recurrent_states", "update_indexer", "is_linear_attention")
 
 
 #: (StaticLayer, Cache.update) once checked usable, resolved eagerly by find_classes: traced code reads only these
@@ -257,6 +260,32 @@ def _reuse_off_for_dynamic_shapes(layer_idx: int) -> bool:
     return True
 
 
+def _static_cache_layer(layer: Any, idx: int) -> bool:
+    """Whether a cache layer is exactly an initialized ``StaticLayer``, the one kind the stand-in cache replays.
+    Subclasses are not: the sliding-window layer has its own ``update`` and a Python step counter, and the hybrid
+    ones (``LinearAttentionAndStaticFullAttentionLayer``: Falcon-H1...) carry conv / recurrent states the layer
+    reads through other cache methods (``get_conv_state``), which the stand-in does not have (dynamo broke the
+    step into 3 graphs and recompiled it); a layer without ``update`` at all (``LinearAttentionLayer``) is not a
+    StaticLayer either. Those layers are traced as without reuse."""
+    return _replayed_layer_type(type(layer), idx) and bool(getattr(layer, "is_initialized", False))
+
+
+_told_layers: set[type] = set()
+
+
+@torch._dynamo.assume_constant_result
+def _replayed_layer_type(kind: type, idx: int) -> bool:
+    """``kind is StaticLayer``, logging each other kind once (run eagerly at trace time: a log call or a set
+    update traced by dynamo would break the graph)."""
+    if kind is _TARGETS[0]:
+        return True
+    if kind not in _told_layers:
+        _told_layers.add(kind)
+        log.info("layer reuse off for decoder layers with a %s cache layer (first: layer %s): only StaticLayer is "
+                 "replayed by the stand-in cache", kind.__name__, idx)
+    return False
+
+
 def _hooks(m: torch.nn.Module) -> bool:
     return bool(m._forward_hooks or m._forward_pre_hooks or getattr(m, "_forward_hooks_with_kwargs", None))
 
@@ -311,8 +340,8 @@ def forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     idx = _layer_idx(module)
     layers = getattr(cache, "layers", None)
     if (_TARGETS is None or getattr(cache, "offloading", True) or not isinstance(layers, list)
-            or idx >= len(layers) or type(layers[idx]).update is not _TARGETS[0].update
-            or not layers[idx].is_initialized or type(cache).update is not _TARGETS[1]):
+            or idx >= len(layers) or not _static_cache_layer(layers[idx], idx)
+            or getattr(type(cache), "update", None) is not _TARGETS[1]):
         return original(module, *args, **kwargs)
     flat = _flatten(args, {k: v for k, v in kwargs.items() if k != cache_kw})
     if flat is None or not _reusable(module):

@@ -40,8 +40,10 @@ RANK_LOCAL = frozenset({"executor", "dryrun", "report", "dump_dir", "cache_dir",
                         "llm_timeout_s", "llm_run_timeout_s", "llm_run_memory_mb", "verify_tolerance"})
 
 #: the interpreter's own environment switches that change where a kernel's collectives go (``FUSEGRAPH_NKISIM_DIST``:
-#: over torch.distributed or between threads) or whether a kernel runs at all (enum leniency, the run backend)
-NKISIM_ENV = ("FUSEGRAPH_NKISIM_DIST", "FUSEGRAPH_NKISIM_LENIENT_ENUMS", "FUSEGRAPH_NKISIM_BACKEND")
+#: over torch.distributed or between threads) or whether a kernel runs at all (enum leniency, the run backend, the NKI
+#: version's semantics)
+NKISIM_ENV = ("FUSEGRAPH_NKISIM_DIST", "FUSEGRAPH_NKISIM_LENIENT_ENUMS", "FUSEGRAPH_NKISIM_BACKEND",
+              "FUSEGRAPH_NKISIM_API")
 
 #: builds are not in lock step (a rank generating kernels while its peer has them cached takes longer): the build
 #: agreement waits this many times ``FUSEGRAPH_NKISIM_SYNC_TIMEOUT`` (default 5 x 60 s) before every rank runs eagerly

@@ -367,16 +367,68 @@ class NkiTensor:
     def ap(
         self,
         pattern: Sequence[Sequence[int]],
-        offset: int = 0,
+        offset: int | None = None,
         scalar_offset: Any = None,
         vector_offset: Any = None,
         indirect_dim: int = 0,
         dtype: Any = None,
     ) -> "NkiTensor":
-        """Raw access pattern view (see the module docstring for the exact address formula)."""
+        """Raw access pattern view (see the module docstring for the exact address formula).
+
+        On a whole tensor (an ``nl.ndarray``, a kernel argument, or a reshape / dtype view of one) both NKI
+        versions agree. On a view they differ (:mod:`.apiversion`): 0.3 rejects it (rule ``nested-ap``), 0.6
+        addresses the storage and ignores the view (``offset=None`` keeps the view's offset)."""
         if self._ind is not None:
             raise NkiNotImplementedError(".ap() of an indirect view is not supported", rule="not-implemented",
                                          location=_where())
+        if not self._whole():
+            from .apiversion import ap_on_view
+
+            mode = ap_on_view()
+            if mode == "error":
+                raise self._nested_ap_error()
+            if mode == "storage":
+                return self._storage_base()._raw_ap(
+                    pattern, self._offset if offset is None else offset, scalar_offset, vector_offset, indirect_dim,
+                    dtype,
+                )
+        return self._raw_ap(pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
+
+    def _whole(self) -> bool:
+        """True if this view is its whole storage in row-major order (what ``nl.ndarray`` returned, a reshape / dtype
+        view of it, or an ``.ap()`` that covers it as it is): ``.ap`` on it means the same in every NKI version.
+
+        Why an ``.ap()`` result counts: nki-library's hardware-tested ``moe_tkg`` (2.29 branch) calls ``.ap`` on
+        ``TensorView(t).get_view()`` (``t.ap`` over all of ``t``), though the 0.3 access-pattern page's example of
+        the nested-indexing error has that form; where the two readings agree, the hardware kernel decides."""
+        return (self._offset == 0 and self.size * self.dtype.itemsize == self._st.nbytes
+                and self._strides == _row_major(self.shape))
+
+    def _storage_base(self) -> "NkiTensor":
+        """The whole storage as one tensor of this view's dtype (what a 0.6 ``.ap`` on a view addresses)."""
+        base = NkiTensor.full(self._st)
+        return base if base.dtype.itemsize == self.dtype.itemsize else base.view(self.dtype)
+
+    def _nested_ap_error(self) -> NkiValidationError:
+        """The NKI 0.3 error for ``.ap`` on a view: never silently re-based, and the message says the fix."""
+        what = "an .ap() view" if self._ap else "a view"
+        return _err(
+            f".ap() called on {what} (shape {self.shape}, element offset {self._offset}) of tensor '{self._st.label}': NKI 0.3 allows .ap only on the nl.ndarray itself "
+            f"(nki-aps, 'Restriction on Nested Indexing'); call .ap on the base tensor and add the view's offset to "
+            f"offset=",
+            "nested-ap",
+        )
+
+    def _raw_ap(
+        self,
+        pattern: Sequence[Sequence[int]],
+        offset: int | None,
+        scalar_offset: Any,
+        vector_offset: Any,
+        indirect_dim: int,
+        dtype: Any,
+    ) -> "NkiTensor":
+        """``.ap`` on a whole tensor: the pattern and offset address it from its first element."""
         try:
             pairs = [(_as_int(p[0], "ap stride"), _as_int(p[1], "ap count")) for p in pattern]
         except (TypeError, IndexError):

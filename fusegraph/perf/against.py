@@ -68,6 +68,7 @@ class KernelSpec:
     generated_regions: Sequence[str] | None = None  # fnmatch patterns of fusegraph regions it covers (no "L<i>.")
     assume: Any = None  # nkisim shape-only assumptions for data-dependent indices
     sys_path: Sequence[str] = ()  # directories to import the kernel from
+    nki_api: str = "0.3.0"  # the NKI semantics it is run under (fusegraph.nkisim.apiversion)
     name: str = ""
     notes: str = ""
 
@@ -191,8 +192,9 @@ class Side:
 def run_spec(spec: KernelSpec) -> Any:
     """Run the spec's kernel shape-only with the trace on; returns the interpreter's profile."""
     from fusegraph import nkisim
+    from fusegraph.nkisim.apiversion import use_api_version
 
-    with nkisim.as_nki(target=spec.target):
+    with nkisim.as_nki(target=spec.target), use_api_version(spec.nki_api):
         nkisim.run(spec.kernel, *spec.args, lnc=spec.lnc, target=spec.target, shape_only=True, assume=spec.assume,
                    trace=True, trace_layer=spec.layer_var, **spec.kwargs)
     return nkisim.last_profile()

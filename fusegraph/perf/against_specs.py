@@ -68,6 +68,7 @@ def qwen3_megakernel(layers: int | None = None, cache_len: int = 640) -> KernelS
         kernel=tq.get_multilayer_kernel_jit(L), args=args, kwargs={"replica_groups": (list(range(TP)),)},
         lnc=LNC, target="trn3", layers=L, layer_var="_multilayer_body:layer_idx", shard=(TP, LNC), model=MODEL,
         cache_len=cache_len, name=f"KevGomes1403/nki-moe-megakernel transformer_qwen ({L} layers)",
+        nki_api="sdk-2.27",  # its README: "Tested with AWS Neuron SDK v2.27"; it calls .ap on column slices
         notes="program 0's two all-reduces per layer are costed as ring collectives (TP=4, one chip: ~15.6 us per "
               "layer; ~31.2 us with the LNC partner's two); the published CC time, 27.77 us/layer, also holds the "
               "wait for the slowest rank and is not a like quantity (docs/performance.md, The collective figure)",

@@ -24,6 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from fusegraph import nkisim
+from fusegraph.nkisim.apiversion import use_api_version
 
 BF16 = ml_dtypes.bfloat16
 TP = 4
@@ -47,7 +48,8 @@ def shape_only(layers: int = 48) -> tuple[Any, float]:
     """One rank (both programs), shape-only; returns (profile, seconds)."""
     s = spec(layers)
     t0 = time.perf_counter()
-    nkisim.run(s.kernel, *s.args, lnc=s.lnc, target=s.target, shape_only=True, **s.kwargs)
+    with use_api_version(s.nki_api):  # SDK 2.27: .ap on a column slice reads the slice (apiversion.py)
+        nkisim.run(s.kernel, *s.args, lnc=s.lnc, target=s.target, shape_only=True, **s.kwargs)
     return nkisim.last_profile(), time.perf_counter() - t0
 
 
@@ -83,7 +85,8 @@ def data(layers: int = 2, seed: int = 0) -> tuple[list[tuple], list[tuple], floa
     rank_args = [_random_args(layers, rng, x0) for _ in range(TP)]
     before = [tuple(np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in ra) for ra in rank_args]
     t0 = time.perf_counter()
-    outs = nkisim.run(s.kernel, lnc=s.lnc, ranks=TP, rank_args=rank_args, target=s.target, **s.kwargs)
+    with use_api_version(s.nki_api):
+        outs = nkisim.run(s.kernel, lnc=s.lnc, ranks=TP, rank_args=rank_args, target=s.target, **s.kwargs)
     return before, outs, time.perf_counter() - t0
 
 

@@ -34,7 +34,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from .hwloops import unroll_hardware_loops
+from .hwloops import BARRIER_KIND, unroll_hardware_loops
 from .kernelview import KernelLine, KernelView
 from .params import HardwareParams
 
@@ -50,12 +50,17 @@ ENGINE_LABELS = {
     "sync": "SP (Sync: DMA issue, barriers)",
     "dma": "DMA queues",
     "cc": "CC (collectives: CC-cores / DMA rings)",
+    "loop": "hardware-loop drain + cross-engine barrier",
 }
 #: the ``nki.collectives`` operations the model costs as ring collectives
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 TWO_INPUT_OPS = frozenset({"tensor_tensor", "scalar_tensor_tensor", "tensor_tensor_scan", "tensor_copy_predicated",
                            "select_reduce", "range_select"})
 PERF_MODE_OPS = frozenset({"tensor_copy", "tensor_scalar"})
+#: register instructions: one 32-bit value, no vector of data. Priced at an engine instruction's static overhead
+#: (``engine_fixed_cycles``, O9) and nothing per element -- an assumption: no register-instruction cost is
+#: documented. ``register_move`` (dst = an immediate or another register) included like the loads and stores.
+REGISTER_OPS = frozenset({"register_load", "register_store", "register_move"})
 SIXTEEN_BIT = frozenset({"bfloat16", "float16"})
 BOUNDS = ("compute", "memory", "dma-overhead", "sync", "collective")
 _TEMPLATE = re.compile(r"^L\d+\.")
@@ -101,6 +106,10 @@ class Work:
     tensor: str = ""  # HBM tensor moved (for attribution)
     # collectives only
     collective: dict[str, Any] | None = None  # op, group_size, link, steps, wire bytes, latency / transfer seconds
+    # hardware-loop copies only (fusegraph.perf.hwloops): drained iterations this work stands for (each pays its
+    # cross-engine semaphores again), and the copy's number (-1: not in a hardware loop)
+    repeats: float = 1.0
+    hw_copy: int = -1
 
     @property
     def per_instr(self) -> float:
@@ -132,6 +141,8 @@ def instruction_time(hw: HardwareParams, engine: str, opcode: str, partitions: i
     dts = set(dtypes)
     sixteen = bool(dts) and dts <= SIXTEEN_BIT
     clock, width = _engine_rate(hw, engine, opcode, sixteen)
+    if opcode in REGISTER_OPS:
+        return hw.engine_fixed_cycles / clock, hw.dependent_ii_cycles / clock
     inputs = 2 if opcode in TWO_INPUT_OPS else 1
     cycles = hw.engine_fixed_cycles + inputs * free * 128.0 / width
     return cycles / clock, hw.dependent_ii_cycles / clock
@@ -489,8 +500,9 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
                     t = ready[p]
                 if pw.kind == "compute" and w.kind == "compute":
                     if pw.engine != w.engine:
-                        t += hw.semaphore_cross_engine
-                        sem_total += hw.semaphore_cross_engine
+                        sem = hw.semaphore_cross_engine * w.repeats
+                        t += sem
+                        sem_total += sem
                     elif not n and w.dep_ii:
                         t = max(t, ready[p] - pw.per_instr + w.dep_ii)
                 earliest = max(earliest, t)
@@ -501,7 +513,17 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
                 if p == i or _shares_loop(works[p], w):
                     continue
                 earliest = max(earliest, ready[p])
-        if w.kind in ("compute", "cc"):
+        if w.kind == BARRIER_KIND:
+            # the end of a hardware-loop iteration: everything issued so far drains, then every engine waits out
+            # the cross-engine barrier (fusegraph.perf.hwloops)
+            s = max(frontier, pipe, *free.values())
+            e = s + w.busy
+            for k in free:
+                free[k] = e
+            pipe = e
+            busy[w.engine] += w.busy
+            start[i], ready[i], first[i] = s, e, e
+        elif w.kind in ("compute", "cc"):
             # a collective runs on the collective engine (CC-cores, DMA rings): in order, beside compute and the
             # kernel's DMA queues; only what reads its result waits for it
             s = max(free[w.engine], earliest)
@@ -561,6 +583,7 @@ class Breakdown:
     barrier: float = 0.0
     cc_count: int = 0
     cc_bytes: int = 0  # the ranks' source bytes of its collectives
+    loop_barriers: int = 0  # hardware-loop iterations ended (each a drain + cross-engine barrier)
 
     def add(self, w: Work, exposure: float) -> None:
         self.wall += exposure
@@ -568,6 +591,8 @@ class Breakdown:
         if w.kind == "cc":
             self.cc_count += w.count
             self.cc_bytes += w.nbytes
+        elif w.kind == BARRIER_KIND:
+            self.loop_barriers += w.count
         elif w.kind == "dma":
             self.dma_ideal += w.ideal
             self.dma_occupancy += w.occupancy
@@ -600,7 +625,8 @@ class Breakdown:
                 "dma_ideal_s": self.dma_ideal, "dma_occupancy_s": self.dma_occupancy, "dma_count": self.dma_count,
                 "dma_bytes": self.dma_bytes, "hbm_read_bytes": self.hbm_read, "hbm_write_bytes": self.hbm_write,
                 "instructions": self.instructions, "components_s": comp, "bound": classify(comp),
-                "collectives": {"count": self.cc_count, "bytes": self.cc_bytes, "seconds": self.busy.get("cc", 0.0)}}
+                "collectives": {"count": self.cc_count, "bytes": self.cc_bytes, "seconds": self.busy.get("cc", 0.0)},
+                "loop_barriers": {"count": self.loop_barriers, "seconds": self.busy.get("loop", 0.0)}}
 
 
 def classify(components: dict[str, float]) -> str:
@@ -722,7 +748,7 @@ def estimate(works: Sequence[Work], hw: HardwareParams, *, label: str = "", **kw
 
 def estimate_kernel(view: KernelView, hw: HardwareParams, label: str = "megakernel") -> Estimate:
     """The megakernel: one instruction stream, engines overlapping across regions and layers; hardware loops
-    scheduled iteration by iteration (:func:`~fusegraph.perf.hwloops.unroll_hardware_loops`)."""
+    scheduled iteration by iteration, each iteration drained (:func:`~fusegraph.perf.hwloops.unroll_hardware_loops`)."""
     works, buffers, allocs = unroll_hardware_loops(kernel_works(hw, view), view.buffers, view.allocs,
-                                                   view.hw_loops)
+                                                   view.hw_loops, barrier=hw.loop_iteration_barrier)
     return estimate(works, hw, label=label, buffers=buffers, allocs=allocs)

@@ -1,19 +1,26 @@
-"""Hardware loops (``nl.dynamic_range``) scheduled iteration by iteration instead of line by line.
+"""Hardware loops (``nl.dynamic_range``) scheduled iteration by iteration, each iteration ending in a drain.
 
 Why: the cost model schedules a kernel *line* with all its executions as one work item. For a Python loop that
-the trace unrolls into a few lines this is a fair picture, but a hardware loop with a long body -- the streamed
-attention's block loop: K/V loads, transposes, score matmuls, a chain of Vector/Scalar softmax steps, P.V --
-runs its iterations as a software pipeline: every engine walks its own instruction stream, so the Vector engine
-works on block k while the DMA queues load block k+1. Scheduled line by line, a Vector line that waits for its
-producer's *last* iteration holds the Vector engine until then and the next Vector line of the body starts only
-after it, which serializes the body's engines (the streamed attention at 131,072 positions was modeled at about
-1.4x the busiest resource's time). Here each hardware loop with more than one iteration is replaced by its
-iterations in program order (at most :data:`MAX_COPIES` copies; beyond that each copy stands for an equal share
-of the iterations), each iteration's lines carrying their share of the line's cost. Tiles allocated inside the
-body are double-buffered (as the kernel's SBUF accounting assumes for streamed blocks): copy k and copy k + 2
-share a buffer, so a write waits for the readers two copies back; values allocated before the loop (the running
-max, sum and output) are true loop-carried dependencies. Loops the view does not mark as hardware loops, and
-hardware loops that run once (the ``dynamic_range`` guards of skipped chunks), keep the line-by-line costing.
+the trace unrolls into a few lines this is a fair picture, but a hardware loop is one copy of its body that the
+NeuronCore runs again and again, and the NKI docs say what that costs (docs/performance.md, "Hardware loops:
+sourced entry"):
+
+* the body's tiles are **allocated once and reused** across iterations (SDK 2.29 ``nki-dynamic-loops.rst``,
+  "Register Allocation Implications"), so a body tile is *not* double-buffered: its next write waits for the
+  previous iteration's last read (a write-after-read on the one buffer, PSUM included);
+* **every iteration ends with a drain and a barrier across the engines** (the newer ``nki-control-flow`` page:
+  its example runs 7.5 us unrolled and 17.9 us as a dynamic loop), so iteration k + 1 starts only when all of
+  iteration k's work is done: the engines never work on two iterations at once, and every iteration pays its
+  DMAs' fixed latency and its cross-engine semaphores again.
+
+So each hardware loop with at least one iteration becomes its iterations in program order (at most
+:data:`MAX_COPIES` copies; beyond that each copy stands for ``T / MAX_COPIES`` iterations: its cost, its DMAs'
+fixed latency and its semaphore hand-offs scaled by that many), and a *drain* work item after every copy: it
+starts when everything issued so far is done and holds every engine for ``loop_iteration_barrier`` per
+iteration. Values allocated before the loop (the running max, sum and output) are loop-carried dependencies as
+before. Loops the view does not mark as hardware loops keep the line-by-line costing. A kernel that wants its
+engines to overlap across blocks must do it inside one iteration (the streamed attention's software-pipelined
+loop computes block k's scores while block k - 1's softmax runs), or unroll.
 """
 from __future__ import annotations
 
@@ -21,11 +28,17 @@ import math
 from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
-#: the most copies one hardware loop is unrolled into (each stands for ``ceil(T / MAX_COPIES)`` iterations)
+#: the most copies one hardware loop is unrolled into (each stands for ``T / MAX_COPIES`` iterations)
 MAX_COPIES = 64
+#: the opcode and kind of the drain + cross-engine barrier that ends every iteration (engine: :data:`LOOP_ENGINE`)
+BARRIER_OPCODE = "loop_barrier"
+BARRIER_KIND = "barrier"
+LOOP_ENGINE = "loop"
 
 _SCALED = ("busy", "occupancy", "own", "ideal")
 _SCALED_INT = ("nbytes", "hbm_read", "hbm_write")
+_ZEROED = dict(occupancy=0.0, own=0.0, ideal=0.0, latency=0.0, nbytes=0, hbm_read=0, hbm_write=0, dep_ii=0.0,
+               bytes_per_partition=0.0, descriptor_bytes=0.0, efficiency=1.0, tensor="", collective=None)
 
 
 def trip_count(body: Sequence[Any], loop: int) -> int:
@@ -40,28 +53,40 @@ def trip_count(body: Sequence[Any], loop: int) -> int:
     return t
 
 
-def _copy(w: Any, share: float, loops: tuple, rename: dict[str, str]) -> Any:
-    """One iteration's share of work ``w`` (its cost fields scaled by ``share``), reading/writing renamed tiles."""
+def _copy(w: Any, share: float, loops: tuple, iterations: float, copy: int) -> Any:
+    """One copy's share of work ``w``: its cost fields scaled by ``share``; it stands for ``iterations`` drained
+    iterations, so its DMA fixed latency is paid that many times (the queue is empty at each iteration's start)."""
     kw: dict[str, Any] = {k: getattr(w, k) * share for k in _SCALED}
     kw.update({k: int(round(getattr(w, k) * share)) for k in _SCALED_INT})
     kw["count"] = max(1, int(round(w.count * share)))
     kw["loops"] = loops
-    kw["reads"] = tuple(rename.get(v, v) for v in w.reads)
-    kw["writes"] = tuple(rename.get(v, v) for v in w.writes)
+    kw["latency"] = w.latency * iterations
+    kw["repeats"] = iterations
+    kw["hw_copy"] = copy
     return replace(w, **kw)
 
 
+def _barrier(last: Any, loop: int, iterations: float, barrier: float, copy: int) -> Any:
+    """The drain + cross-engine barrier ending ``iterations`` iterations of hardware loop ``loop``."""
+    return replace(last, kind=BARRIER_KIND, engine=LOOP_ENGINE, opcode=BARRIER_OPCODE, index=-loop,
+                   count=max(1, int(round(iterations))), busy=barrier * iterations, name=f"{last.region}.loop_barrier",
+                   line=loop, reads=(), writes=(), partial=False, loops=(), repeats=iterations, hw_copy=copy,
+                   **_ZEROED)
+
+
 def unroll_hardware_loops(works: Sequence[Any], buffers: dict[str, str], allocs: dict[int, list],
-                          hw_loops: Iterable[int]) -> tuple[list[Any], dict[str, str], dict[int, list]]:
-    """``(works, buffers, allocs)`` with every multi-iteration hardware loop of ``hw_loops`` (loop-header line
-    numbers, as in :attr:`KernelLine.loops`) replaced by its iterations; the input is returned unchanged when
-    there is none. Nested hardware loops: the outermost is unrolled (its copies' inner loops stay lines)."""
+                          hw_loops: Iterable[int], *, barrier: float = 0.0
+                          ) -> tuple[list[Any], dict[str, str], dict[int, list]]:
+    """``(works, buffers, allocs)`` with every hardware loop of ``hw_loops`` (loop-header line numbers, as in
+    :attr:`KernelLine.loops`) that ran at least once replaced by its iterations, each followed by a drain of
+    ``barrier`` seconds (per iteration it stands for); the input is returned unchanged when there is none.
+    The body's allocations happen once, before the first copy (tiles reused, not double-buffered). Nested
+    hardware loops: the outermost is unrolled (its copies' inner loops stay lines)."""
     hw = set(hw_loops)
     if not hw:
         return list(works), buffers, allocs
     out: list[Any] = []
     new_allocs: dict[int, list] = {}
-    new_buffers = dict(buffers)
     i = 0
     n = len(works)
     while i < n:
@@ -78,7 +103,7 @@ def unroll_hardware_loops(works: Sequence[Any], buffers: dict[str, str], allocs:
             j += 1
         body = list(works[i:j])
         T = trip_count(body, loop)
-        if T <= 1:
+        if T < 1:  # no common trip count: the lines as they are
             for k in range(i, j):
                 if k in allocs:
                     new_allocs[len(out)] = list(allocs[k])
@@ -87,18 +112,14 @@ def unroll_hardware_loops(works: Sequence[Any], buffers: dict[str, str], allocs:
             continue
         copies = min(T, MAX_COPIES)
         share = 1.0 / copies
-        inner = {v for k in range(i, j) for v in allocs.get(k, ())}
+        per_copy = T / copies
         for c in range(copies):
-            # the last copy keeps the tiles' own names (what follows the loop reads them); the others alternate
-            parity = (copies - 1 - c) % 2
-            rename = {v: f"{v}#{parity}" for v in inner} if parity else {}
-            for v, r in rename.items():
-                new_buffers[r] = buffers.get(v, "sbuf")
             for k, bw in enumerate(body):
                 pos = bw.loops.index(loop)
                 loops = tuple((lp, c) for lp in bw.loops[pos + 1:])
-                if i + k in allocs:
-                    new_allocs[len(out)] = [rename.get(v, v) for v in allocs[i + k]]
-                out.append(_copy(bw, share, loops, rename))
+                if c == 0 and i + k in allocs:
+                    new_allocs[len(out)] = list(allocs[i + k])
+                out.append(_copy(bw, share, loops, per_copy, c))
+            out.append(_barrier(body[-1], loop, per_copy, barrier, c))
         i = j
-    return out, new_buffers, new_allocs
+    return out, dict(buffers), new_allocs

@@ -17,6 +17,7 @@ from . import dtypes as dt
 from .context import ProgramContext
 from .enums import MemoryRegion, require_buffer
 from .errors import NkiValidationError
+from .loops import keep_allocation, reused_allocation
 from .storage import Storage, sentinel_buffer
 from .tensor import NkiTensor
 
@@ -56,6 +57,11 @@ def allocate(
         name = ""
     if not isinstance(name, str):
         raise NkiValidationError(f"{api}: name must be a string, got {name!r}", rule="shape", location=where)
+    reused = reused_allocation(ctx)  # a replayed nl.dynamic_range iteration: the tensor traced once, reused
+    if reused is not None:
+        if fill is not None and reused._st.buf is not None:
+            reused._st.buf[...] = _fresh(shp, d, fill)
+        return reused
     what = f"{api}({shp}, {d.name}, {buf_kind.name}{', ' + repr(name) if name else ''})"
     manual = address is not None
     start_partition = 0
@@ -101,7 +107,7 @@ def allocate(
                 )
                 if run.lnc > 1:
                     run.shared_allocs[key] = st
-        return NkiTensor.full(st)
+        return keep_allocation(ctx, NkiTensor.full(st))
 
     st = Storage(
         shp,
@@ -121,7 +127,7 @@ def allocate(
         st.mem = ctx.mem.new(
             buf_kind.name, st.id, st.free_bytes, (start_partition, f_off) if manual else None, what, where, ctx.rec.count
         )
-    return NkiTensor.full(st)
+    return keep_allocation(ctx, NkiTensor.full(st))
 
 
 def _fresh(shape: tuple[int, ...], d: dt.DType, fill: Any) -> np.ndarray:

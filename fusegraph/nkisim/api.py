@@ -18,6 +18,7 @@ from . import jit as _jit
 from . import language as _lang
 from . import language_ops as _ops
 from .errors import NkiValidationError
+from .loops import NOT_INSTRUCTIONS, traced
 from .registers import VirtualRegister
 from .stubs import fill_missing
 from .tensor import NkiTensor
@@ -49,6 +50,11 @@ class _TensorAnnotation:
         return ("tensor", shape if isinstance(shape, tuple) else (shape,))
 
 
+def _recorded(name: str, fn: Any) -> Any:
+    """Instructions are recorded when a ``nl.dynamic_range`` body is traced, to be replayed per iteration."""
+    return fn if name in NOT_INSTRUCTIONS or not callable(fn) else traced(fn)
+
+
 @functools.lru_cache(maxsize=None)
 def namespaces() -> dict[str, dict[str, Any]]:
     modules = (isa_act, isa_dma, isa_elementwise, isa_misc, isa_pe, isa_select, isa_sync)
@@ -56,7 +62,7 @@ def namespaces() -> dict[str, dict[str, Any]]:
     for name in ISA_IMPLEMENTED:
         for m in modules:
             if hasattr(m, name):
-                isa[name] = getattr(m, name)
+                isa[name] = _recorded(name, getattr(m, name))
                 break
         else:  # pragma: no cover - guarded by tests
             raise ImportError(f"nki.isa.{name} listed as implemented but not found")
@@ -75,8 +81,8 @@ def namespaces() -> dict[str, dict[str, Any]]:
     )
     fill_missing("nki.isa", isa)
 
-    lang: dict[str, Any] = {name: getattr(_lang, name) for name in LANGUAGE_IMPLEMENTED}
-    lang.update(_ops.OP_FUNCTIONS)
+    lang: dict[str, Any] = {name: _recorded(name, getattr(_lang, name)) for name in LANGUAGE_IMPLEMENTED}
+    lang.update({name: _recorded(name, fn) for name, fn in _ops.OP_FUNCTIONS.items()})
     lang.update(
         MemoryRegion=_en.MemoryRegion,
         NKIObject=_lang.NKIObject,
@@ -92,7 +98,7 @@ def namespaces() -> dict[str, dict[str, Any]]:
         lang["bool_" if dname == "bool" else dname] = d
     fill_missing("nki.language", lang)
 
-    coll: dict[str, Any] = {name: getattr(_cc, name) for name in COLLECTIVES_IMPLEMENTED}
+    coll: dict[str, Any] = {name: _recorded(name, getattr(_cc, name)) for name in COLLECTIVES_IMPLEMENTED}
     coll.update(NKIObject=_cc.NKIObject, ReplicaGroup=_cc.ReplicaGroup)
     fill_missing("nki.collectives", coll)
 

@@ -46,6 +46,23 @@ class RunState:
     shared_allocs: dict[tuple, Any] = field(default_factory=dict)
 
 
+class LoopState:
+    """Per-program ``nl.dynamic_range`` tracing state (``ProgramContext.loops``; used by :mod:`.loops`)."""
+
+    __slots__ = ("frames", "open", "call", "replaying", "alloc_pos", "static_pos", "site", "where", "no_reorder")
+
+    def __init__(self) -> None:
+        self.frames: list[list] = []  # body lists being traced, innermost last
+        self.open: list[Any] = []  # loops (loops.LoopRecord) whose body is being traced
+        self.call: Any = None  # the recorded call (loops.Call) running now, traced or replayed
+        self.replaying = False
+        self.alloc_pos = 0
+        self.static_pos = 0
+        self.site: tuple[str, int] | None = None  # a replayed call's kernel site (ProgramContext.site)
+        self.where: str | None = None  # and its description (ProgramContext.where)
+        self.no_reorder = 0  # depth of nl.no_reorder() blocks
+
+
 class ProgramContext:
     """One program (physical core) of one rank."""
 
@@ -68,13 +85,16 @@ class ProgramContext:
         # runtime-offset views resolved by the running instruction: id(view) -> (view, direct view)
         self.ind_cache: dict[int, tuple[Any, Any]] = {}
         self.instr_name = ""  # the running instruction (set by checks.Instr), for errors raised below it
+        self.loops = LoopState()  # nl.dynamic_range bodies traced / replayed (fusegraph.nkisim.loops)
 
     # ---- location helpers (hot path) ----
     def where(self, depth: int = 3) -> str:
-        return location.describe(self.run.kernel_file, depth)
+        w = self.loops.where  # a replayed loop iteration: the line the call was traced at
+        return w if w is not None else location.describe(self.run.kernel_file, depth)
 
     def site(self, depth: int = 3) -> tuple[str, int]:
-        return location.call_site(depth)
+        s = self.loops.site
+        return s if s is not None else location.call_site(depth)
 
 
 def current(api: str = "this NKI API") -> ProgramContext:

@@ -27,6 +27,7 @@ from . import enums as E
 from .checks import PSUM, SBUF, Instr
 from .enums import engine, matmul_perf_mode, require_enum
 from .isa_common import mark_written, name_arg, psum_state_view
+from .loops import static_choice
 from .storage import PSUM_FRESH, PSUM_MATMUL, PSUM_OTHER
 
 _FP32ISH = ("float32", "tfloat32")
@@ -133,7 +134,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         )
     dview = I.view(dst)
     wide = _fp8_pe_transpose_out(I, dview) if is_transpose else None
-    acc = _accumulate_flag(I, accumulate, psum_state_view(dview)[..., 0].reshape(M, N))
+    # one static acc_flags per instruction: a replayed nl.dynamic_range iteration keeps the traced decision
+    acc = static_choice(I.ctx, lambda: _accumulate_flag(I, accumulate, psum_state_view(dview)[..., 0].reshape(M, N)))
     if I.data:
         s = access.read_f32(I.ctx, stationary).reshape(K, -1)
         m = access.read_f32(I.ctx, moving).reshape(K, -1)

@@ -98,16 +98,28 @@ def register_alloc(x=None):
 
 
 def register_move(dst, src):
-    """dst = src (a compile-time int or another register)."""
+    """dst = src (a compile-time int or another register); one register instruction in the profile."""
     I = Instr("nisa.register_move")
     if not isinstance(dst, VirtualRegister):
         raise I.fail("dst must be a VirtualRegister (from nisa.register_alloc)", "register")
+    _writable(I, dst)
     if isinstance(src, VirtualRegister):
         dst.value = src.value
+        _touch_register(I, src, write=False)
     elif isinstance(src, (int, np.integer)):
         dst.value = int(src)
     else:
         raise I.fail(f"src must be an int or a VirtualRegister, got {src!r}", "register")
+    _touch_register(I, dst, write=True)
+    I.record("register_move", "gpsimd", 1, 1, "int32", None)
+
+
+def _writable(I: Instr, reg: VirtualRegister) -> None:
+    """The induction register of nl.dynamic_range is frozen (nki/get-started/nki-language-guide.rst: "you cannot
+    write to it with register_move or register_load")."""
+    if reg.frozen:
+        raise I.fail(f"dst {reg.name} is the induction variable of a nl.dynamic_range loop, which is frozen "
+                     f"(no register_move / register_load into it)", "register")
 
 
 def register_load(dst, src):
@@ -115,6 +127,7 @@ def register_load(dst, src):
     I = Instr("nisa.register_load")
     if not isinstance(dst, VirtualRegister):
         raise I.fail("dst must be a VirtualRegister (from nisa.register_alloc)", "register")
+    _writable(I, dst)
     t = I.tensor(src, "src")
     if t.size != 1:
         raise I.fail(f"src must have exactly one element, got shape {t.shape}", "shape")

@@ -19,6 +19,7 @@ from .enums import MemoryRegion
 from .errors import NkiNotImplementedError, NkiValidationError
 from .highlevel import elementwise
 from .isa_common import mark_written
+from .loops import DynamicLoop
 from .registers import VirtualRegister
 from .targets import get_target, resolve_sbuf_budget
 from .tensor import DynSlice, NkiTensor
@@ -116,18 +117,14 @@ def ds(start, size):
     return DynSlice(start, size)
 
 
-def _range(api: str, start, stop, step, dynamic: bool = False) -> range:
-    vals = []
+def _range(api: str, start, stop, step) -> range:
+    """A compile-time loop (unrolled when the kernel is specialised): its bounds must be Python ints."""
     for v in (start, stop, step):
         if isinstance(v, VirtualRegister):
-            if not dynamic:
-                raise NkiValidationError(
-                    f"{api}: loop bounds must be compile-time ints; use nl.dynamic_range for register bounds",
-                    rule="loop",
-                )
-            v = int(v)
-        vals.append(v)
-    start, stop, step = vals
+            raise NkiValidationError(
+                f"{api}: loop bounds must be compile-time ints; use nl.dynamic_range for register bounds",
+                rule="loop",
+            )
     if stop is None:
         start, stop = 0, start
     return range(int(start), int(stop), int(step))
@@ -149,8 +146,10 @@ def static_range(start, stop=None, step=1):
 
 
 def dynamic_range(start, stop=None, step=1):
-    """Runtime loop; bounds may be VirtualRegisters (their runtime value, or the assumed value in shape-only runs)."""
-    return _range("nl.dynamic_range", start, stop, step, dynamic=True)
+    """A hardware loop: the body is traced once and replayed per iteration with the induction register bound
+    (:mod:`.loops`); bounds may be VirtualRegisters (their runtime value, or the assumed value in shape-only runs),
+    the step is a compile-time positive int."""
+    return DynamicLoop(start, stop, step)
 
 
 def program_id(axis=0):
@@ -177,8 +176,16 @@ def program_ndim():
 
 @contextlib.contextmanager
 def no_reorder():
-    """Instructions execute in program order in the interpreter anyway."""
-    yield
+    """Instructions execute in program order in the interpreter anyway; a ``dynamic_range`` inside is an error."""
+    ctx = maybe_current()
+    if ctx is None:
+        yield
+        return
+    ctx.loops.no_reorder += 1
+    try:
+        yield
+    finally:
+        ctx.loops.no_reorder -= 1
 
 
 def device_print(print_prefix, tensor):

@@ -22,6 +22,7 @@ from . import profile as prof
 from .context import ProgramContext, RunState, activate, session_target
 from .enums import MemoryRegion
 from .errors import NkiSimError, NkiSyncError, NkiUsageError, NkiValidationError
+from .loops import check_closed
 from .storage import Abstract, Storage, wrap_array
 from .sync import SyncHub
 from . import transport as transport_mod
@@ -297,6 +298,7 @@ def launch(
         try:
             with activate(ctx), np.errstate(all="ignore"):
                 results[(r, p)] = func(*b.args, **b.kwargs)
+                check_closed(ctx)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             errors.append(((r, p), exc))
             why = f"program {p} of rank {rank_ids[r]}: {type(exc).__name__}: {exc}"
@@ -308,6 +310,7 @@ def launch(
         try:
             with activate(ctx), np.errstate(all="ignore"):
                 results[(0, 0)] = func(*bindings[0].args, **bindings[0].kwargs)
+                check_closed(ctx)
         except BaseException as exc:
             run_state.transport.failed(f"program 0 of rank {rank_ids[0]}: {type(exc).__name__}: {exc}")
             raise

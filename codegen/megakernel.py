@@ -163,7 +163,8 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
                for v in program.outputs if v.kind == ir.ValueKind.OUTPUT]
     source = cached_source if cached_source is not None else (
         render("header.j2", version=_version(), model=model or "?", region=region or "decoder stack", target=target,
-               tokens=T, layers=len(program.layers()), ring=ring, lnc=lnc)
+               tokens=T, layers=len(program.layers()), ring=ring, lnc=lnc,
+               collectives="nki.collectives." in "".join(module_code) + "".join(pre_code) + body)
         + "".join(module_code)
         + render("kernel_open.j2", name=name, args=args, outputs=outputs, constants=const_loads, lnc=lnc)
         + "".join(pre_code)

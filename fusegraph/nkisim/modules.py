@@ -132,9 +132,31 @@ def as_nki(target: str | None = None) -> Iterator[types.ModuleType]:
                 sys.modules[name] = old
 
 
+#: submodules a bare ``import nki`` does not bind in a kernel namespace: the official package's ``__init__`` never
+#: imports ``nki.collectives`` (SDK 2.29 stub: ``import nki.language`` only; SDK 2.32: no import) and every public
+#: kernel imports it explicitly (nki-library's collectives kernels, the hand megakernels), so a kernel that only
+#: wrote ``import nki`` would fail on hardware with an AttributeError
+EXPLICIT_SUBMODULES: tuple[str, ...] = ("collectives",)
+_NS_KEY = "__fusegraph_nki__"
+
+
+def _namespace_nki(namespace: Any, mods: dict[str, types.ModuleType]) -> types.ModuleType:
+    """The ``nki`` module a kernel namespace sees: the interpreter's, without :data:`EXPLICIT_SUBMODULES` until the
+    namespace imports them (one view per namespace, kept in it)."""
+    if not isinstance(namespace, dict):
+        return mods["nki"]
+    view = namespace.get(_NS_KEY)
+    if view is None:
+        view = types.ModuleType("nki")
+        view.__dict__.update({k: v for k, v in mods["nki"].__dict__.items() if k not in EXPLICIT_SUBMODULES})
+        namespace[_NS_KEY] = view
+    return view
+
+
 def kernel_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
     """The ``__import__`` of kernel namespaces: ``nki*`` resolve to the interpreter, the rest as usual (public: the
-    LLM worker wraps it in its own allow-list)."""
+    LLM worker wraps it in its own allow-list). ``import nki`` binds ``nki.collectives`` only once the namespace
+    imported it (``import nki.collectives``, ``from nki import collectives``), like the official package."""
     if level == 0 and (name == "neuronxcc" or name.startswith("neuronxcc.")) and _legacy_to_install():
         mods = legacy_modules()
         if name not in mods:
@@ -145,7 +167,14 @@ def kernel_import(name: str, globals: Any = None, locals: Any = None, fromlist: 
         mods = nki_modules()
         if name not in mods:
             raise ModuleNotFoundError(f"No module named {name!r} in fusegraph's NKI interpreter", name=name)
-        return mods[name] if fromlist else mods["nki"]
+        top = _namespace_nki(globals, mods)
+        wanted = [name.split(".")[1]] if "." in name else list(fromlist or ()) if name == "nki" else []
+        for sub in wanted:
+            if sub in EXPLICIT_SUBMODULES:
+                setattr(top, sub, mods[f"nki.{sub}"])
+        if fromlist:
+            return top if name == "nki" else mods[name]
+        return top
     return builtins.__import__(name, globals, locals, fromlist, level)
 
 

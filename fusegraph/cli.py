@@ -16,6 +16,7 @@ from .modelperf.cli import (ATTN_IMPLEMENTATIONS, DTYPES, EXPERTS_IMPLEMENTATION
                             add_commands as _perf_commands, add_model_flags, add_report_html_flag, check_model,
                             positive_int, write_report_html)
 from .perf.progress import Progress, UsageError
+from .settings import DEFAULT_TARGET, TARGETS
 
 
 def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -211,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0, help="shuffles the sweep before --max and seeds verification")
     e.add_argument("--sweep", default="small", choices=("small", "large"), help="shapes x dtypes to export")
     e.add_argument("--no-cards", action="store_true", help="kernel examples only")
-    e.add_argument("--target", default="trn2", choices=("trn2", "trn3"))
+    e.add_argument("--target", default=DEFAULT_TARGET, choices=TARGETS)
     e.add_argument("--timeout", type=float, default=120.0, help="verification time limit per example (s)")
     e.add_argument("--experience", default=None, metavar="DIR",
                    help="also write repair trajectories (OUT.trajectories.jsonl) and reward records "
@@ -230,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--problems", default="", help="comma-separated problem names (default: all; see --list)")
     v.add_argument("--json", default=None, help="also write the full results as JSON")
     v.add_argument("--list", action="store_true", help="list the problems and exit")
-    v.add_argument("--target", default="trn2", choices=("trn2", "trn3"))
+    v.add_argument("--target", default=DEFAULT_TARGET, choices=TARGETS)
     v.add_argument("--timeout", type=float, default=120.0, help="HTTP timeout per request (s)")
     v.add_argument("--max-tokens", type=int, default=4096, help="completion token limit per request")
     v.add_argument("--run-timeout", type=float, default=60.0, help="verification time limit per answer (s)")

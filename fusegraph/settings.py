@@ -31,6 +31,15 @@ class FusegraphOptionError(ValueError):
     """An option name or value fusegraph does not accept."""
 
 
+TARGETS: tuple[str, ...] = ("trn2", "trn3")
+DEFAULT_TARGET = "trn2"
+"""fusegraph's one default target (``Settings.target``, every CLI ``--target``, ``fusegraph.api``), passed to the
+interpreter explicitly on every run. Why trn2: the generation nki-library and the hand-written Qwen3 megakernel were
+measured on (its README: "trn2, trn3"; GPT-OSS: trn3 only, in progress), the one every modeled table of the docs
+is stated for. The interpreter's own fallback when no target is given at all stays trn3 (``nki.simulate``'s:
+"otherwise defaults to trn3", nki_simulator.rst of SDK 2.29): it serves kernels run by hand, never fusegraph."""
+
+
 def _opt(default: Any, doc: str, choices: tuple[Any, ...] | None = None, *, ge: float | None = None,
          gt: float | None = None, multiple_of: int | None = None) -> Any:
     """One Settings field: its default, its user documentation and what values it accepts (``choices``, a lower
@@ -53,7 +62,7 @@ class Settings:
         "'auto' (neuron when importable, else nkisim).",
         ("auto", "eager", "nkisim", "neuron"),
     )
-    target: str = _opt("trn2", "Trainium generation the kernels are generated and checked for.", ("trn2", "trn3"))
+    target: str = _opt(DEFAULT_TARGET, "Trainium generation the kernels are generated and checked for.", TARGETS)
     dryrun: bool = _opt(
         False,
         "Capture, match and form regions, then stop before codegen; the step runs eagerly and the report is "

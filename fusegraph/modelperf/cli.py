@@ -21,6 +21,7 @@ from ..perf.kernelview import build_view
 from ..perf.params import (SOURCED, ParameterSetError, calibrations, check_parameter_set, load_params,
                             parameter_set_targets)
 from ..perf.progress import Progress, UsageError
+from ..settings import DEFAULT_TARGET
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -122,7 +123,7 @@ def add_commands(sub: Any) -> None:
 
     k = sub.add_parser("kernel", help="print or write the generated NKI megakernel of a model's decode step")
     add_model_flags(k, default="qwen3-moe-tiny")
-    k.add_argument("--target", default="trn2", choices=TARGETS)
+    k.add_argument("--target", default=DEFAULT_TARGET, choices=TARGETS)
     k.add_argument("--layers", type=positive_int, default=None)
     k.add_argument("--max-cache-len", type=positive_int, default=None)
     k.add_argument("--out", default=None, help="write the source here instead of printing it")

@@ -6,9 +6,10 @@ kernel ``file:line``.  Rules (identifier: meaning):
 ``partition-dim``       partition dim (dim 0) of an on-chip operand > 128
 ``start-partition``     an on-chip compute operand with >64 partitions must start at partition 0, 33-64 at 0/64,
                         <=32 at 0/32/64/96
-``partition-alignment`` the inputs of a Vector/Scalar/GpSimd instruction with more than 32 partitions must start on
-                        the same partition; the output may start elsewhere only for <=64 partitions (cross-half /
-                        cross-quadrant movement)
+``partition-alignment`` two inputs of a Vector/Scalar/GpSimd instruction in the same memory (both SBUF or both PSUM)
+                        with more than 32 partitions must start on the same partition (an SBUF and a PSUM input may
+                        start on different halves); the output may start elsewhere only for <=64 partitions
+                        (cross-half / cross-quadrant movement)
 ``partition-stride``    an on-chip compute operand must occupy consecutive partitions (no partition striding)
 ``partition-bounds``    a free-dim access pattern leaves its partition's allocation
 ``access-pattern``      more than 4 free dims after merging, a stride beyond int16 or a size beyond uint16
@@ -58,13 +59,14 @@ class Instr:
     (``{"stationary": "bfloat16", "moving": "bfloat16"}``); :meth:`record` hands it to the profile.
     """
 
-    __slots__ = ("name", "ctx", "inputs")
+    __slots__ = ("name", "ctx", "inputs", "buffers")
 
     def __init__(self, name: str):
         self.name = name
         self.ctx: ProgramContext = current(name)
         self.ctx.instr_name = name  # names the instruction in access.py's uninitialized-read error
         self.inputs: dict[str, str] = {}
+        self.buffers: dict[str, MemoryRegion] = {}  # on-chip operand -> its memory (the alignment rule needs it)
         if self.ctx.ind_cache:
             self.ctx.ind_cache.clear()
         if self.ctx.rec.tracer is not None:
@@ -108,6 +110,7 @@ class Instr:
         if buf not in allowed:
             names = "/".join(b.name.upper() for b in allowed)
             raise self.fail(f"{arg} must be in {names}, got a tensor in {buf.name}", "buffer")
+        self.buffers[arg] = buf
         if t._ind is not None and compute:
             t = self._engine_view(t, arg)
         g = geometry(t)
@@ -173,19 +176,19 @@ class Instr:
         return cached_engine_view(self.ctx, t) or t
 
     def align(self, inputs: list[tuple[str, Geo]], output: tuple[str, Geo] | None) -> None:
-        """Partition alignment of a Vector/Scalar/GpSimd instruction."""
+        """Partition alignment of a Vector/Scalar/GpSimd instruction.
+
+        The architecture guide ("Cross-Partition Connectivity", trainium_inferentia2_arch.rst) states the src -> dst
+        movement only: cross-half for 32 < n <= 64, cross-quadrant for n <= 32.  It says nothing about two inputs;
+        the rule follows the hardware-tested kernels: nki-library's qkv_tkg (test_qkv_tkg.py, B=8 S=5) adds PSUM
+        rows [64, 104) to SBUF rows [0, 40), and at <=32 partitions PSUM rows [32f, 32f+T) to SBUF rows [0, T);
+        its RoPE copies the upper half of an SBUF tile before ``tensor_tensor`` with another SBUF tile ("required
+        for tensor_tensor base partition alignment"), so two >32-partition inputs in the same memory must align.
+        """
         if inputs:
             a0, g0 = inputs[0]
-            for a, g in inputs[1:]:
-                # <=32 partitions: operands may sit in different quadrants (nki-library's qkv_tkg adds PSUM rows
-                # [32f, 32f+T) to SBUF rows [0, T)); 33-64: inputs must be aligned (nki-library's RoPE copies the
-                # upper half "for tensor_tensor base partition alignment").
-                if g.start_partition != g0.start_partition and max(g.partitions, g0.partitions) > 32:
-                    raise self.fail(
-                        f"inputs {a0} (start partition {g0.start_partition}) and {a} (start partition "
-                        f"{g.start_partition}) must start on the same partition",
-                        "partition-alignment",
-                    )
+            for i, (a, g) in enumerate(inputs[1:], 1):
+                self._align_pair(inputs[:i], (a, g))
             if output is not None:
                 a, g = output
                 if g.start_partition != g0.start_partition and g.partitions > 64:
@@ -194,6 +197,23 @@ class Instr:
                         f"cross-partition movement is only possible for <=64 partitions",
                         "partition-alignment",
                     )
+
+    def _align_pair(self, earlier: list[tuple[str, Geo]], item: tuple[str, Geo]) -> None:
+        """Reject ``item`` when an earlier input in the same memory has >32 partitions and another start."""
+        a, g = item
+        for b, h in earlier:
+            if g.start_partition == h.start_partition or max(g.partitions, h.partitions) <= 32:
+                continue
+            mem_a, mem_b = self.buffers.get(a), self.buffers.get(b)
+            if mem_a is not None and mem_b is not None and mem_a != mem_b:
+                continue  # SBUF + PSUM on different halves: nki-library qkv_tkg does this on hardware
+            where = f" (both in {mem_a.name.upper()})" if mem_a is not None and mem_a == mem_b else ""
+            raise self.fail(
+                f"inputs {b} (start partition {h.start_partition}) and {a} (start partition "
+                f"{g.start_partition}) must start on the same partition{where}: two inputs in one memory with "
+                f"more than 32 partitions cannot sit on different halves",
+                "partition-alignment",
+            )
 
     def same_partitions(self, pairs: list[tuple[str, Geo]]) -> None:
         a0, g0 = pairs[0]

@@ -466,8 +466,11 @@ class NkiTensor:
                     raise _err("vector_offset indirection is only supported on HBM tensors", "ap")
                 # the index shape is checked by the DMA that uses the view: dma_copy/dma_compute take [P, 1] (one
                 # row per partition), an indirect dma_transpose takes a 2-D [16..128, C] index tile
-                if len(vector_offset.shape) != 2:
-                    raise _err(f"vector_offset must be a 2-D SBUF tensor, got shape {vector_offset.shape}", "ap")
+                # trailing unit dims are one element per partition too: nki-library's router_topk (indirect
+                # scatter, hardware-tested) passes a [P, 1, 1] .ap view of its index tile
+                if len(vector_offset.shape) < 2 or any(d != 1 for d in vector_offset.shape[2:]):
+                    raise _err(f"vector_offset must be a 2-D SBUF tensor (trailing unit dims allowed), got shape "
+                               f"{vector_offset.shape}", "ap")
                 if not vector_offset.dtype.is_int:
                     raise _err(f"vector_offset must have an integer dtype, got {vector_offset.dtype.name}", "ap")
                 ind = Indirect("vector", vector_offset, idim, mult)

@@ -67,3 +67,18 @@ def current_frame_compile() -> tuple[int, int] | None:
     if cid is None or getattr(cid, "frame_id", None) is None or getattr(cid, "frame_compile_id", None) is None:
         return None
     return int(cid.frame_id), int(cid.frame_compile_id)
+
+
+def current_recompile_reason() -> str | None:
+    """Why dynamo is compiling the current frame again: the latest guard failure it recorded for the frame's code
+    (``torch._dynamo.utils.guard_failures``, e.g. ``"0/3: L['self'].cache.layers[0].cumulative_length_int == 11"``);
+    None outside a recompile or on a torch without that record."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        from torch._dynamo.utils import guard_failures
+
+        code = InstructionTranslator.current_tx().f_code
+    except Exception:  # not tracing, or a torch without this API
+        return None
+    reasons = guard_failures.get(code) or []
+    return str(reasons[-1]) if reasons else None

@@ -22,8 +22,9 @@ import torch
 from ..program import GraphBreak, InputKind, Link, Program, Ref
 from ..program.sources import layer_index
 from ..settings import Settings
-from .compile_context import current_compiler_fn, current_frame_compile
+from .compile_context import current_compiler_fn, current_frame_compile, current_recompile_reason
 from .paths import ModelPaths
+from .recompiles import RecompileWatch
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class CaptureSession:
     paths: ModelPaths = field(default_factory=ModelPaths)
     #: earlier versions of the step (see :meth:`begin_graph`); ``program`` is the latest
     superseded: list[StepVersion] = field(default_factory=list)
+    #: why dynamo recompiled (guard failures), and the position counters made dynamic (capture/recompiles.py)
+    recompiles: RecompileWatch = field(default_factory=RecompileWatch)
     _frames: set[int] = field(default_factory=set)  # dynamo frame ids with a graph in the current version
     _next: Iterator[int] = field(default_factory=itertools.count)
     _last_outputs: dict[int, list] = field(default_factory=dict)
@@ -107,6 +110,8 @@ class CaptureSession:
         frame = current_frame_compile()
         if frame is None:
             return
+        if frame[1] > 0:
+            self.recompiles.note(frame[0], current_recompile_reason())
         if frame[1] > 0 and frame[0] in self._frames:
             log.debug("frame %d compiled again (compile %d): new version of the step", *frame)
             self.superseded.append(StepVersion(self.program, self.refusals))

@@ -38,6 +38,9 @@ def summarize(session: CaptureSession) -> dict[str, Any]:
         "layer_calls_reusing_traces": {"calls": sum(c for c, _ in reuse.values()),
                                        "traced": sum(t for _, t in reuse.values())},
         "recompiles": len(session.superseded),
+        # dynamo's guard failures behind the recompiles (latest 8), position counters made dynamic (docs/capture.md)
+        "recompile_reasons": session.recompiles.reasons[-8:],
+        "made_dynamic": list(session.recompiles.made_dynamic),
         "settings": session.settings.to_dict(),
     }
 

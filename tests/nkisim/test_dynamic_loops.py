@@ -431,3 +431,40 @@ def k(n):
     data = nkisim.last_profile().counters()
     nkisim.run(k, nkisim.Abstract((1, 1), "int32"), shape_only=True, assume=6)
     assert nkisim.last_profile().counters() == data
+
+
+def _nkilib():
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import anchor_nkilib as A  # noqa: E402 - the anchor tests' loader (NKILIB=<dir holding nkilib>)
+
+    return A
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m_dim, h_dim", [(128, 512), (256, 1024), (1024, 2048)])
+def test_nkilib_dynamic_elementwise_add_at_its_test_shapes(m_dim, h_dim):
+    """nki-library's hardware-tested ``experimental/dynamic_shapes/dynamic_elementwise_add`` (unmodified; shapes of
+    its ``test_dynamic_elementwise_add.py``): a ``dynamic_range`` over a loaded register whose body reads an SBUF
+    offset the body itself advances (``tensor_scalar`` += 128): replayed, every M tile is added; only the first
+    ``num_m_tiles`` tiles are written (a trip count below M // 128 leaves the rest untouched)."""
+    A = _nkilib()
+    if A.nkilib_root() is None:
+        pytest.skip(f"{A.ENV} is not set to a directory holding nkilib")
+    import ml_dtypes
+
+    mod = A.load("experimental.dynamic_shapes.dynamic_elementwise_add")
+    ref = A.load("experimental.dynamic_shapes.dynamic_elementwise_add_torch").dynamic_elementwise_add_torch_ref
+    a = RNG.standard_normal((m_dim, h_dim)).astype(ml_dtypes.bfloat16)
+    b = RNG.standard_normal((m_dim, h_dim)).astype(ml_dtypes.bfloat16)
+    import torch
+
+    want = ref(torch.from_numpy(a.astype(np.float32)), torch.from_numpy(b.astype(np.float32))).numpy()
+    out = np.asarray(nkisim.run(mod.dynamic_elementwise_add, a, b, count(m_dim // 128), target="trn2"))
+    np.testing.assert_allclose(out.astype(np.float32), want, rtol=1e-2, atol=1e-3)
+    assert [s.count for s in nkisim.last_profile().sites if s.opcode == "tensor_tensor"] == [m_dim // 128 * (h_dim // 512)]
+    if m_dim > 128:  # fewer trips than tiles: the rows after them are never written
+        part = np.asarray(nkisim.run(mod.dynamic_elementwise_add, a, b, count(1), target="trn2")).astype(np.float32)
+        np.testing.assert_allclose(part[:128], want[:128], rtol=1e-2, atol=1e-3)

@@ -26,6 +26,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
 from . import location
 from .context import LoopState, ProgramContext, current, maybe_current  # noqa: F401 - LoopState re-exported
 from .errors import NkiNotImplementedError, NkiValidationError
@@ -150,11 +152,11 @@ def _check_args(ctx: ProgramContext, start: Any, stop: Any, step: Any) -> None:
             f"nl.dynamic_range: step must be a compile-time positive int, got register {step.name} (the hardware "
             f"loop instruction encodes the step as an immediate; {DOC}, 'Parameter Constraints')",
             rule="loop", location=where)
-    if isinstance(step, bool) or not isinstance(step, int) or step <= 0:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step <= 0:
         raise NkiValidationError(f"nl.dynamic_range: step must be a compile-time positive int, got {step!r} ({DOC})",
                                  rule="loop", location=where)
     for arg, v in (("start", start), ("stop", stop)):
-        if isinstance(v, bool) or not isinstance(v, (int, VirtualRegister)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer, VirtualRegister)):
             raise NkiValidationError(f"nl.dynamic_range: {arg} must be an int or a VirtualRegister, got {v!r}",
                                      rule="loop", location=where)
     if ctx.loops.no_reorder:
@@ -173,7 +175,7 @@ class DynamicLoop:
             start, stop = 0, start
         _check_args(ctx, start, stop, step)
         self.ctx = ctx
-        self.rec = LoopRecord(start, stop, step, InductionRegister(name="dynamic_range"), ctx.where())
+        self.rec = LoopRecord(start, stop, int(step), InductionRegister(name="dynamic_range"), ctx.where())
         self.state = 0
         self.lo = 0
         self.trips = 0

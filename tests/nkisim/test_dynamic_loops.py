@@ -379,6 +379,27 @@ def k(n):
     assert float(out[0, 0]) == 0.0
 
 
+def test_nested_loop_untraced_at_first_then_run_is_not_implemented():
+    """The interpreter traces a body only when it runs: an inner loop with no iteration in the outer loop's traced
+    (first) iteration and some later cannot be replayed -- a clear not-implemented error, never wrong numbers."""
+    from fusegraph.nkisim.errors import NkiNotImplementedError
+
+    with pytest.raises(NkiNotImplementedError, match=r"\[not-implemented\].*nested nl.dynamic_range"):
+        run("""
+@nki.jit
+def k(n):
+""" + _REG + """
+    acc = nl.zeros((1, 1), dtype=nl.float32)
+    inner = nisa.register_alloc()
+    for i in nl.dynamic_range(3):
+        nisa.register_load(inner, c)
+        for j in nl.dynamic_range(inner):
+            nisa.tensor_scalar(dst=acc, data=acc, op0=nl.add, operand0=1.0)
+        nisa.tensor_scalar(dst=c, data=c, op0=nl.add, operand0=1)
+    return None
+""", count(0))
+
+
 def test_break_out_of_the_body_rejected():
     """Loops page: the hardware runs the one body every iteration; leaving it with break is not a hardware loop."""
     with pytest.raises(NkiValidationError, match=r"\[loop\].*break"):

@@ -17,11 +17,6 @@ from fusegraph.models import build_decode, greedy_decode
 from fusegraph.settings import Settings
 
 BUILT = ["outside", "inside"]
-#: weights made under inference_mode reach the NKI executor's own ``_version`` read (fusegraph/executors/nki.py,
-#: fixed separately); not strict, so these pass as soon as that fix lands
-_EXECUTOR_READS_VERSION = pytest.mark.xfail(reason="executors/nki.py reads a weight's _version (separate fix)",
-                                            strict=False)
-KERNEL_BUILT = ["outside", pytest.param("inside", marks=_EXECUTOR_READS_VERSION)]
 
 
 def _case(built: str):
@@ -39,7 +34,7 @@ def test_torch_compile_backend_under_inference_mode_eager_executor(built):
     _compiled_steps_equal_eager(built, "eager")
 
 
-@pytest.mark.parametrize("built", KERNEL_BUILT)
+@pytest.mark.parametrize("built", BUILT)
 def test_torch_compile_backend_under_inference_mode(built):
     _compiled_steps_equal_eager(built, "nkisim")
 
@@ -71,7 +66,7 @@ def test_capture_step_and_explain_under_inference_mode(built):
     assert report.to_dict()["regions"], "explain found no fused region"
 
 
-@pytest.mark.parametrize("built", KERNEL_BUILT)
+@pytest.mark.parametrize("built", BUILT)
 def test_hf_generate_under_inference_mode(built):
     model = _case(built).model
     torch.manual_seed(1)

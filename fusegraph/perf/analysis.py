@@ -149,7 +149,8 @@ def profile_program0(generated: Any, target: str, settings: Any,
     nkisim.run(ns[generated.name], *_abstract_args(generated), target=target, shape_only=True, trace=True, **kwargs)
     prof = nkisim.last_profile()
     # the trace is keyed (rank, program): program 0 of the rank this process runs (rank 0 outside a job)
-    view = view_from_trace(prof.trace[min(k for k in prof.trace if k[1] == 0)])
+    view = view_from_trace(prof.trace[min(k for k in prof.trace if k[1] == 0)], source=generated.source,
+                           source_file=f"<fusegraph:{generated.name}>")
     prev = None
     for ln in view.lines:
         if ln.opcode in _COLLECTIVE_OPS and ln.layer is None and prev is not None and prev.layer is not None:

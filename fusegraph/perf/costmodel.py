@@ -34,7 +34,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from .hwloops import BARRIER_KIND, unroll_hardware_loops
+from .hwloops import BARRIER_KIND, drain_after, unroll_hardware_loops
 from .kernelview import KernelLine, KernelView
 from .params import HardwareParams
 
@@ -751,4 +751,6 @@ def estimate_kernel(view: KernelView, hw: HardwareParams, label: str = "megakern
     scheduled iteration by iteration, each iteration drained (:func:`~fusegraph.perf.hwloops.unroll_hardware_loops`)."""
     works, buffers, allocs = unroll_hardware_loops(kernel_works(hw, view), view.buffers, view.allocs,
                                                    view.hw_loops, barrier=hw.loop_iteration_barrier)
+    if view.iteration_ends:  # a trace view: every instruction is its own line; drain where an iteration ends
+        works, allocs = drain_after(works, allocs, view.iteration_ends, hw.loop_iteration_barrier)
     return estimate(works, hw, label=label, buffers=buffers, allocs=allocs)

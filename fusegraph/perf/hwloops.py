@@ -123,3 +123,18 @@ def unroll_hardware_loops(works: Sequence[Any], buffers: dict[str, str], allocs:
             out.append(_barrier(body[-1], loop, per_copy, barrier, c))
         i = j
     return out, dict(buffers), new_allocs
+
+
+def drain_after(works: Sequence[Any], allocs: dict[int, list], ends: dict[int, int],
+                barrier: float) -> tuple[list[Any], dict[int, list]]:
+    """``(works, allocs)`` of a trace view (one work per executed instruction, iterations already separate) with a
+    drain + barrier of ``barrier`` seconds after every work index in ``ends`` (index -> loop header line)."""
+    out: list[Any] = []
+    new_allocs: dict[int, list] = {}
+    for i, w in enumerate(works):
+        if i in allocs:
+            new_allocs[len(out)] = list(allocs[i])
+        out.append(w)
+        if i in ends:
+            out.append(_barrier(w, ends[i], 1.0, barrier, -1))
+    return out, new_allocs

@@ -245,6 +245,9 @@ class KernelView:
     #: line numbers of the ``for`` headers that are hardware loops (``nl.dynamic_range``): the cost model schedules
     #: their iterations (:mod:`fusegraph.perf.hwloops`), not their lines
     hw_loops: frozenset[int] = frozenset()
+    #: trace views only (:func:`view_from_trace` with the kernel source): line index -> header line of the hardware
+    #: loop whose iteration ends after that line (the cost model puts a drain + cross-engine barrier there)
+    iteration_ends: dict[int, int] = field(default_factory=dict)
 
     def regions(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -333,6 +336,57 @@ def hardware_loops(source: str, kernel: str | None = None) -> frozenset[int]:
                                                                 else st.iter).endswith("dynamic_range"))
 
 
+def hardware_loop_bodies(source: str, kernel: str | None = None) -> dict[int, list[tuple[int, int, bool]]]:
+    """Header line of every outermost ``nl.dynamic_range`` loop -> its body's direct statements as
+    ``(first line, last line, simple)`` (``simple``: one call, executed once per iteration). Why: a trace has no
+    loop markers; an iteration ends where the trace leaves the body or goes back to an earlier direct statement."""
+    fn = _kernel_function(ast.parse(source), kernel)
+    headers = hardware_loops(source, kernel)
+    out: dict[int, list[tuple[int, int, bool]]] = {}
+
+    def visit(stmts: list[ast.stmt]) -> None:
+        for st in stmts:
+            if isinstance(st, ast.For) and st.lineno in headers:
+                out[st.lineno] = [(b.lineno, b.end_lineno or b.lineno, isinstance(b, ast.Expr)) for b in st.body]
+                continue
+            for name in ("body", "orelse", "finalbody"):
+                inner = getattr(st, name, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    visit(inner)
+
+    visit(fn.body)
+    return out
+
+
+def _statement_of(bodies: dict[int, list[tuple[int, int, bool]]], line: int) -> tuple[int, int, bool] | None:
+    """(loop header, direct statement index, simple) of a kernel line inside a hardware loop's body, else None."""
+    for header, stmts in bodies.items():
+        for k, (a, b, simple) in enumerate(stmts):
+            if a <= line <= b:
+                return header, k, simple
+    return None
+
+
+def iteration_ends(lines: list[KernelLine], bodies: dict[int, list[tuple[int, int, bool]]],
+                   kernel_file: str) -> dict[int, int]:
+    """Line index -> loop header for every traced instruction that ends a hardware-loop iteration: the next
+    instruction of the kernel file is outside that loop's body, or at a direct statement before (or, for a
+    one-call statement, at) the one it was at. Instructions of other files (helpers) do not end an iteration."""
+    out: dict[int, int] = {}
+    cur: tuple[int, int, bool] | None = None
+    last = -1
+    for i, ln in enumerate(lines):
+        if ln.file != kernel_file:
+            continue
+        at = _statement_of(bodies, ln.line) if bodies else None
+        if cur is not None and (at is None or at[0] != cur[0] or at[1] < cur[1] or (at[1] == cur[1] and cur[2])):
+            out[last] = cur[0]
+        cur, last = at, i
+    if cur is not None:
+        out[last] = cur[0]
+    return out
+
+
 # ---- kernels split across several files --------------------------------------------------------------------------
 @dataclass
 class FileLine:
@@ -377,14 +431,16 @@ _EVENT_FIELDS = ("file", "line", "opcode", "engine", "partitions", "free", "dtyp
                  "writes", "partial", "buffers", "dma", "layer")
 
 
-def view_from_trace(events: Iterable[Any], filename: str = "<trace>") -> KernelView:
+def view_from_trace(events: Iterable[Any], filename: str = "<trace>", source: str | None = None,
+                    source_file: str | None = None) -> KernelView:
     """A :class:`KernelView` with one line per traced instruction (``nkisim.run(trace=True)``), in program order.
 
     For kernels the line view cannot describe -- loops over layers, helpers in other files, tensors passed between
     functions -- the trace is the program: each event's reads/writes are the storages it touched (so dependencies
     are real, across files and functions), its file and line attribute it, and ``layer`` is the traced layer
     variable. Regions are the instruction's ``name=`` key when it follows fusegraph's ``L<i>.<x>.<y>`` naming,
-    else the file's base name."""
+    else the file's base name. With the kernel's ``source`` (and ``source_file``, the file name its trace events
+    carry), the ends of its hardware-loop iterations are marked (:attr:`KernelView.iteration_ends`)."""
     import os
 
     lines: list[KernelLine] = []
@@ -413,4 +469,7 @@ def view_from_trace(events: Iterable[Any], filename: str = "<trace>") -> KernelV
         lines.append(KernelLine(len(lines), e["line"], e["opcode"], e.get("name") or "", region, layer,
                                 tuple(e["reads"]), tuple(e["writes"]), bool(e.get("partial")), (), [site], dmas,
                                 e["file"]))
-    return KernelView(lines, buffers, {}, filename)
+    ends: dict[int, int] = {}
+    if source is not None and source_file is not None:
+        ends = iteration_ends(lines, hardware_loop_bodies(source), source_file)
+    return KernelView(lines, buffers, {}, filename, iteration_ends=ends)

@@ -150,3 +150,46 @@ def test_register_instructions_cost_the_fixed_overhead(target):
     assert moves.busy == pytest.approx(loads.busy) and moves.busy > 0
     per, _ = instruction_time(hw, "gpsimd", "tensor_copy", 1, 1)
     assert per > moves.busy / 4  # a data instruction of one element still pays its element
+
+
+TRACE_SRC = '''
+import nki
+import nki.language as nl
+import nki.isa as nisa
+
+@nki.jit
+def k(a, out):
+    t = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+    for i in nl.dynamic_range(0, 4):
+        nisa.dma_copy(dst=t, src=a)
+        for h in range(2):
+            nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+        nisa.dma_copy(dst=out, src=t)
+    nisa.dma_copy(dst=out, src=t)
+'''
+
+
+def test_trace_view_drains_each_iteration():
+    """A per-instruction trace view (the TP rows' ``perf.analysis.profile_program0``, ``bench --against``) has no
+    loop lines: with the kernel source, the end of every hardware-loop iteration is found (the trace leaves the body
+    or returns to an earlier direct statement; a Python loop inside the body is not an iteration) and drained."""
+    import numpy as np
+
+    from fusegraph import nkisim
+    from fusegraph.perf.costmodel import estimate_kernel
+    from fusegraph.perf.kernelview import view_from_trace
+
+    ns = nkisim.load_kernel_source(TRACE_SRC, "<fusegraph:k>", target="trn2")
+    a = np.zeros((128, 512), np.float32)
+    nkisim.run(ns["k"], a, np.zeros_like(a), target="trn2", trace=True)
+    prof = nkisim.last_profile()
+    events = prof.trace[min(prof.trace)]
+    view = view_from_trace(events, source=TRACE_SRC, source_file="<fusegraph:k>")
+    body = [i for i, ln in enumerate(view.lines) if 10 <= ln.line <= 13]
+    assert len(body) == 16 and sorted(view.iteration_ends) == body[3::4]  # 4 iterations of 4 instructions
+    assert set(view.iteration_ends.values()) == {9}
+    hw = load_params("trn2")
+    est = estimate_kernel(view, hw)
+    assert est.total.loop_barriers == 4
+    plain = estimate_kernel(view_from_trace(events), hw)  # without the source: no loop known, no drain
+    assert plain.total.loop_barriers == 0 and est.seconds > plain.seconds

@@ -132,8 +132,9 @@ def test_dump_dir_and_disk_cache(tmp_path):
     dumped = list((tmp_path / "dump").glob("region*_decoder_stack.py"))
     assert len(dumped) == 1 and "@nki.jit" in dumped[0].read_text()
     cached = list((tmp_path / "cache").glob("*.py"))
-    # an entry is a manifest line (hash, kernel name, signature) followed by the source exactly as dumped
-    assert len(cached) == 1 and cached[0].read_text().split("\n", 1)[1] == dumped[0].read_text()
+    # an entry is a MAC line (docs/codegen.md "Kernel cache"), a manifest line (hash, kernel name, signature), then
+    # the source exactly as dumped
+    assert len(cached) == 1 and cached[0].read_text().split("\n", 2)[2] == dumped[0].read_text()
     torch._dynamo.reset()
     case2 = build_decode("qwen3-tiny")
     step2 = _compile(case2, cache_dir=str(tmp_path / "cache"))

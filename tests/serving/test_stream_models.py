@@ -185,10 +185,12 @@ def test_full_size_131k_builds_and_profiles_within_sbuf(model):
     assert row["streamed_attention"]
     assert row["sbuf_peak_kib"] <= 240 and row["sbuf_kib"] <= 256
     assert 1.0 <= row["hbm_vs_min"] <= 1.02, row
-    # near the bandwidth limit: modeled time within 1.7x of the bytes at one core's DMA bandwidth (before the
+    # near the bandwidth limit: modeled time within 2.5x of the bytes at one core's DMA bandwidth (before the
     # heads shared a score tile and K/V partitions held whole runs of positions: 5.1x / 4.2x; then 2.2x / 1.9x;
-    # with the pipelined block loop and hardware loops scheduled by iteration 1.53x / 1.33x)
-    assert row["full_model_ms_per_token"] <= 1.7 * row["full_model_min_ms_core"], row
+    # with the pipelined block loop and hardware loops scheduled by iteration 1.53x / 1.33x; with every loop
+    # iteration drained and barriered as the NKI dynamic-loop docs say (docs/performance.md, "Hardware loops"):
+    # 2.28x / 2.01x)
+    assert row["full_model_ms_per_token"] <= 2.5 * row["full_model_min_ms_core"], row
     assert row["bound"] == "memory", row
 
 

@@ -39,9 +39,10 @@ _REG = """
 """
 
 
-def test_body_python_runs_once_and_its_instructions_every_iteration():
+def test_replayed_instructions_are_profiled_at_their_body_line():
     """Loops page, 'Hardware Lowering': "a single copy of the body is generated and the hardware iterates over it";
-    the body's Python runs once, its instructions (profiled at their own line) once per iteration."""
+    each replayed iteration's instructions are counted at their own body line (one site, count = trips), as the
+    cost model's hardware-loop schedule (fusegraph/perf/hwloops.py) expects."""
     k, path = build("""
 @nki.jit
 def k(n):

@@ -3,7 +3,6 @@ interpreter (issue 14 item 1), each shown on a small kernel of our own; the offi
 in docs/interpreter.md ("Anchor kernels").
 """
 
-import itertools
 import logging
 import sys
 import textwrap
@@ -13,29 +12,11 @@ import numpy as np
 import pytest
 
 from fusegraph import nkisim
-from fusegraph.nkisim import NkiSimError, load_kernel_source
 from fusegraph.nkisim.apiversion import use_api_version
 
-HDR = "import nki\nimport nki.language as nl\nimport nki.isa as nisa\n"
-_n = itertools.count()
+from inline_kernels import build, expect  # noqa: E402
+
 RNG = np.random.default_rng(14)
-
-
-def build(body: str, name: str = "k", target: str = "trn2"):
-    src = HDR + textwrap.dedent(body)
-    fname = f"/virtual/anchor_{next(_n)}.py"
-    ns = load_kernel_source(src, fname, target=target)
-    marked = [i + 1 for i, line in enumerate(src.splitlines()) if "# <-" in line]
-    return ns[name], (f"{fname}:{marked[0]}" if marked else fname)
-
-
-def expect(rule: str, body: str, *args, match: str = "", **kw):
-    k, loc = build(body)
-    with pytest.raises(NkiSimError) as ei:
-        nkisim.run(k, *args, **kw)
-    assert ei.value.rule == rule, str(ei.value)
-    assert loc in str(ei.value), str(ei.value)
-    assert match in str(ei.value), str(ei.value)
 
 
 # ------------------------------------------------------------------ nisa.tensor_partition_reduce

@@ -1,6 +1,5 @@
 """Every hardware/API check trips with a message naming the rule and the kernel file:line."""
 
-import itertools
 import textwrap
 
 import numpy as np
@@ -9,28 +8,17 @@ import pytest
 from fusegraph import nkisim
 from fusegraph.nkisim import NkiSimError, NkiValidationError, load_kernel_source
 
-HDR = "import nki\nimport nki.language as nl\nimport nki.isa as nisa\nimport nki.collectives as nccl\n"
-_n = itertools.count()
+import inline_kernels  # noqa: E402
+
+HDR = inline_kernels.HDR + "import nki.collectives as nccl\n"
 
 
 def build(body: str, name: str = "k"):
-    """Load a kernel from source (for trn2 unless a run passes target=); the offending line is marked '# <-'."""
-    src = HDR + textwrap.dedent(body)
-    fname = f"/virtual/check_{next(_n)}.py"
-    ns = load_kernel_source(src, fname, target="trn2")
-    marked = [i + 1 for i, line in enumerate(src.splitlines()) if "# <-" in line]
-    return ns[name], f"{fname}:{marked[0]}" if marked else fname
+    return inline_kernels.build(body, name, header=HDR, prefix="check")
 
 
-def expect(rule: str, body: str, *args, match: str = "", exc=NkiSimError, **kw):
-    k, loc = build(body)
-    with pytest.raises(exc) as ei:
-        nkisim.run(k, *args, **kw)
-    e = ei.value
-    assert e.rule == rule, str(e)
-    assert loc in str(e), f"expected location {loc} in: {e}"
-    assert match in str(e), str(e)
-    return e
+def expect(rule: str, body: str, *args, match: str = "", exc=NkiSimError, target: str = "trn2", **kw):
+    return inline_kernels.expect(rule, body, *args, match=match, exc=exc, target=target, header=HDR, **kw)
 
 
 X = np.zeros((128, 512), dtype=np.float32)

@@ -4,40 +4,18 @@ Each test runs a small kernel of its own; the docstring of every test names the 
 behaviour it pins down (see docs/interpreter.md, "Faithfulness notes").
 """
 
-import itertools
-import textwrap
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 from fusegraph import nkisim
-from fusegraph.nkisim import NkiSimError, load_kernel_source
+from fusegraph.nkisim import NkiSimError
 from fusegraph.nkisim.targets import get_target
 
-HDR = "import nki\nimport nki.language as nl\nimport nki.isa as nisa\n"
-_n = itertools.count()
+from inline_kernels import build, expect  # noqa: E402
+
 RNG = np.random.default_rng(11)
-
-
-def build(body: str, target: str | None = "trn2", name: str = "k"):
-    """Load a kernel; the offending line (if any) is marked with '# <-'."""
-    src = HDR + textwrap.dedent(body)
-    fname = f"/virtual/faithful_{next(_n)}.py"
-    ns = load_kernel_source(src, fname) if target is None else load_kernel_source(src, fname, target=target)
-    marked = [i + 1 for i, line in enumerate(src.splitlines()) if "# <-" in line]
-    return ns[name], (f"{fname}:{marked[0]}" if marked else fname)
-
-
-def expect(rule: str, body: str, *args, match: str = "", target: str = "trn2", **kw):
-    k, loc = build(body, target=target)
-    with pytest.raises(NkiSimError) as ei:
-        nkisim.run(k, *args, **kw)
-    e = ei.value
-    assert e.rule == rule, str(e)
-    assert loc in str(e), f"expected location {loc} in: {e}"
-    assert match in str(e), str(e)
-    return e
 
 
 # ------------------------------------------------------------------ 14: float -> int saturation, affine_select

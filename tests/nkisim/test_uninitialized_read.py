@@ -2,37 +2,19 @@
 tile, instead of a silent NaN in the result: a warning by default (hardware-tested nki-library kernels do it
 legitimately), the ``uninitialized-read`` rule error with ``FUSEGRAPH_NKISIM_UNINITIALIZED=error``; reading only
 the written part is legal."""
-import itertools
-import textwrap
+import functools
 
 import numpy as np
 import pytest
 
 from fusegraph import nkisim
-from fusegraph.nkisim import NkiValidationError, load_kernel_source
+from fusegraph.nkisim import NkiValidationError
 
-HDR = "import nki\nimport nki.language as nl\nimport nki.isa as nisa\n"
-_n = itertools.count()
+import inline_kernels  # noqa: E402
 
+build = functools.partial(inline_kernels.build, prefix="uninit")
+expect = functools.partial(inline_kernels.expect, exc=NkiValidationError)
 
-def build(body: str, name: str = "k"):
-    """Load a kernel from source; the offending line is marked '# <-' (as tests/nkisim/test_checks.py)."""
-    src = HDR + textwrap.dedent(body)
-    fname = f"/virtual/uninit_{next(_n)}.py"
-    ns = load_kernel_source(src, fname, target="trn2")
-    marked = [i + 1 for i, line in enumerate(src.splitlines()) if "# <-" in line]
-    return ns[name], f"{fname}:{marked[0]}" if marked else fname
-
-
-def expect(rule: str, body: str, *args, match: str = "", exc=NkiValidationError, **kw):
-    k, loc = build(body)
-    with pytest.raises(exc) as ei:
-        nkisim.run(k, *args, **kw)
-    e = ei.value
-    assert e.rule == rule, str(e)
-    assert loc in str(e), f"expected location {loc} in: {e}"
-    assert match in str(e), str(e)
-    return e
 
 X = np.arange(128 * 64, dtype=np.float32).reshape(128, 64)
 

@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "matching"))
-from fg_cases import hf_case  # noqa: E402
+from fg_cases import decodes_in_one_kernel, hf_case  # noqa: E402
 
 FAMILIES = [
     ("Qwen2", "float32", {}),
@@ -44,18 +44,7 @@ FAMILIES = [
 def test_family_runs_as_one_megakernel(family, dtype, config, tied):
     case = hf_case(family, dtype=dtype, tie_word_embeddings=tied, **config)
     assert (case.model.lm_head.weight is case.model.get_input_embeddings().weight) == tied
-    ref = case.fork()
-    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
-    toks_c, logits_c = greedy_decode(step, case.token, case.position, 5)
-    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, 5)
-    (stats,) = last_session().program.execution.values()  # the latest version of the step (Mistral: after
-    # dynamo's recompile that made the cache's step counter symbolic)
-    assert stats.launches_per_call == 1, stats.executed_by
-    assert list(stats.verification.values()) == ["passed"]
-    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
-    tol = 1e-4 if dtype == "float32" else 2 ** -6  # bf16: docs/codegen.md "Numerics"
-    for a, b in zip(logits_c, logits_e):
-        assert (a - b).abs().max().item() <= tol * b.abs().max().item()
+    decodes_in_one_kernel(case, dtype, steps=5)
 
 
 def test_sliding_window_cache_past_its_capacity_equals_eager():

@@ -9,15 +9,13 @@ import sys
 import pytest
 import torch
 
-from fusegraph.capture.session import last_session
 from fusegraph.codegen.errors import CodegenError
 from fusegraph.codegen.ops.embedding import Embed
 from fusegraph.codegen.ops.linear import Linear
 from fusegraph.codegen.testing import Builder, V
-from fusegraph.models import greedy_decode
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "matching"))
-from fg_cases import hf_case  # noqa: E402
+from fg_cases import decodes_in_one_kernel, hf_case  # noqa: E402
 
 FAMILIES = ["Llama", "Gemma", "Qwen2", "Cohere2"]  # Gemma scales the gathered rows; Cohere2 scales the logits
 
@@ -61,17 +59,7 @@ def test_tied_family_runs_as_one_megakernel(family, dtype):
     case = hf_case(family, dtype=dtype, tie_word_embeddings=True)
     model = case.model
     assert model.lm_head.weight is model.get_input_embeddings().weight  # really tied
-    ref = case.fork()
-    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
-    toks_c, logits_c = greedy_decode(step, case.token, case.position, 4)
-    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, 4)
-    (stats,) = last_session().program.execution.values()
-    assert stats.launches_per_call == 1, stats.executed_by
-    assert list(stats.verification.values()) == ["passed"]
-    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
-    tol = 1e-4 if dtype == "float32" else 2 ** -6  # bf16: docs/codegen.md "Numerics"
-    for a, b in zip(logits_c, logits_e):
-        assert (a - b).abs().max().item() <= tol * b.abs().max().item()
+    stats = decodes_in_one_kernel(case, dtype, steps=4)
     # one model tensor, two kernel arguments: the gathered table as it is, the lm head's re-laid-out copy
     (plan,) = stats.run.plans
     by_node: dict[str, list[str]] = {}

@@ -52,6 +52,30 @@ def hf_case(family: str, attn: str = "eager", dtype: str = "float32", **config) 
     return build_family_decode(family, attn=attn, dtype=dtype, **config)
 
 
+def decodes_in_one_kernel(case: DecodeCase, dtype: str = "float32", steps: int = 5):
+    """Compile ``case.step`` for the interpreter and greedy-decode ``steps`` steps beside eager: one launch per step,
+    verification passed, tokens equal, logits within 1e-4 (fp32) / 2^-6 (bf16, docs/codegen.md "Numerics") of
+    their scale. Returns the latest version's execution record (Mistral: after dynamo's recompile that made the
+    cache's step counter symbolic)."""
+    import torch
+
+    from fusegraph.capture.session import last_session
+    from fusegraph.models import greedy_decode
+
+    ref = case.fork()
+    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
+    toks_c, logits_c = greedy_decode(step, case.token, case.position, steps)
+    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, steps)
+    (stats,) = last_session().program.execution.values()
+    assert stats.launches_per_call == 1, stats.executed_by
+    assert list(stats.verification.values()) == ["passed"]
+    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
+    tol = 1e-4 if dtype == "float32" else 2 ** -6
+    for a, b in zip(logits_c, logits_e):
+        assert (a - b).abs().max().item() <= tol * b.abs().max().item()
+    return stats
+
+
 @functools.lru_cache(maxsize=None)
 def analyzed_family(family: str, attn: str = "eager", dtype: str = "float32", **config):
     case = hf_case(family, attn, dtype, **config)

@@ -47,6 +47,17 @@ def test_reused_trace_gives_the_same_program_and_outputs(name):
     assert len(on.program.graphs) == 1, "recompiled"
 
 
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-moe-tiny"])
+def test_deep_models_reuse_one_trace(name):
+    """12 layers: every layer's call reuses the one trace (dynamo keeps at most 8 reuse entries per region; a
+    reusability check that made each layer's call its own entry failed the capture from the 9th layer on, as at
+    full size)."""
+    case = build_decode(name, num_layers=12)
+    on = capture_step(case.step, case.token, case.position, options={"executor": "eager"})
+    assert on.summary()["layer_calls_reusing_traces"] == {"calls": 12, "traced": 1}
+    assert len(on.program.graphs) == 1
+
+
 def test_graph_break_inside_a_reused_layer_is_an_ordinary_break():
     """dynamo makes a break inside a nested compile region a hard error; fusegraph lets it fall back."""
     from torch._dynamo.variables.invoke_subgraph import InvokeSubgraphHigherOrderVariable

@@ -160,6 +160,8 @@ def test_instance_level_adapter_is_not_a_stale_reused_trace(change):
     assert _reuse()["calls"] < case.model.config.num_hidden_layers
 
 
+@pytest.mark.xfail(strict=True, reason="an instance forward set after compile is not seen: the reusability check "
+                   "is traced (assume_constant_result broke models of 9+ layers), docs/capture.md 'Adapters'")
 def test_forward_patched_on_one_layer_after_compile_recompiles():
     case = build_decode("llama-tiny")
     ref = case.fork()

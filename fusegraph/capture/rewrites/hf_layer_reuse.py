@@ -314,11 +314,12 @@ def _not_reusable_because(layer: torch.nn.Module) -> str | None:
 _told: set[tuple[type, str]] = set()
 
 
-@torch._dynamo.assume_constant_result
 def _reusable(layer: torch.nn.Module) -> bool:
-    """Whether ``layer`` may go through the reused region (run eagerly at trace time: walking the layer's
-    modules adds no guards; dynamo guards the hooks and attributes it traces through anyway, so a hook or an
-    instance forward added after the compile makes it recompile and ask again)."""
+    """Whether ``layer`` may go through the reused region (traced by dynamo: it guards the hooks and attributes it
+    reads). Not ``assume_constant_result``: a module argument of such a function makes every layer's region call
+    a new reuse entry, and past dynamo's 8 entries the capture of any model of 9 or more layers raised
+    InternalTorchDynamoError. So an instance ``forward`` set on one layer *after* the compile is not seen
+    (docs/capture.md, "Layer reuse")."""
     why = _not_reusable_because(layer)
     if why is None:
         return True

@@ -311,7 +311,7 @@ def _not_reusable_because(layer: torch.nn.Module) -> str | None:
     return None
 
 
-_told: set[tuple[type, str]] = set()
+_told: set[tuple[str, str]] = set()
 
 
 def _reusable(layer: torch.nn.Module) -> bool:
@@ -323,11 +323,16 @@ def _reusable(layer: torch.nn.Module) -> bool:
     why = _not_reusable_because(layer)
     if why is None:
         return True
-    key = (type(layer), why)
-    if key not in _told:
-        _told.add(key)
-        log.info("layer reuse off for decoder layer %s (%s): %s; traced as without reuse_layer_traces",
-                 _layer_idx(layer), type(layer).__name__, why)
+    return _told_not_reusable(type(layer).__name__, _layer_idx(layer), why)
+
+
+@torch._dynamo.assume_constant_result
+def _told_not_reusable(kind: str, idx: int, why: str) -> bool:
+    """False, logging why once per layer class and cause (run eagerly at trace time, with constant arguments only:
+    a log call traced by dynamo breaks the graph)."""
+    if (kind, why) not in _told:
+        _told.add((kind, why))
+        log.info("layer reuse off for decoder layer %s (%s): %s; traced as without reuse_layer_traces", idx, kind, why)
     return False
 
 

@@ -17,8 +17,13 @@ def _fresh_dynamo():
 
     torch._dynamo.reset()
     reset_warnings()
+    # fusegraph may make a position counter dynamic process-wide (capture/recompiles.py: dynamic_sources); a test
+    # that triggers it must not change how later tests capture
+    sources = getattr(torch.compiler.config, "dynamic_sources", None)
     yield
     torch._dynamo.reset()
+    if sources is not None:
+        torch.compiler.config.dynamic_sources = sources
 
 
 @pytest.fixture

@@ -84,6 +84,9 @@ class _Run:
         self.eager_all = build_plan(program, program.topo_order(graph_index))
         G = program.graph
         self._state_writers = {n for n in program.topo_order(graph_index) if G.nodes[n].get("writes_state")}
+        #: each kernel's state-writing nodes in program order (what its journal saves before every launch)
+        self._kernel_writers = {id(p): sorted((n for n in p.lowered.kernel_nodes if n in self._state_writers),
+                                              key=lambda n: G.nodes[n]["order"]) for p in plans}
         self._failures: dict[int, int] = {id(p): 0 for p in plans}  # consecutive failing calls of each kernel
         while True:
             steps, missing = self._build_steps(schedule)
@@ -238,7 +241,8 @@ class _Run:
     def _journal_kernel(self, plan: KernelPlan, env: dict) -> StateJournal:
         """What the kernel's state writes will overwrite (rows of the KV caches at this step's positions)."""
         mine = StateJournal()
-        mine.save_nodes(self.program, [n for n in plan.lowered.kernel_nodes if n in self._state_writers], env)
+        for n in self._kernel_writers[id(plan)]:
+            mine.save_node(self.program, n, env)
         return mine
 
     # ---- one kernel --------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ a few rows); ``docs/codegen.md`` says how to make such a change visible (``copy_
 """
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import torch
@@ -31,10 +33,16 @@ def weight_key(t: torch.Tensor) -> tuple[Any, ...]:
 def _sample(t: torch.Tensor) -> bytes:
     if t.device.type == "meta" or t.numel() == 0:
         return b""
-    n = t.numel()
-    # a stride coprime with typical row lengths, so the sample visits many rows and columns
-    flat_idx = (torch.arange(min(n, SAMPLES), dtype=torch.long) * max(n // SAMPLES, 1)
-                + torch.arange(min(n, SAMPLES), dtype=torch.long) * 7919) % n
-    idx = torch.unravel_index(flat_idx, tuple(t.shape))  # any strides: no copy of the tensor
-    picked = t.detach()[idx] if t.dim() else t.detach().reshape(1)
+    picked = t.detach()[_sample_index(tuple(t.shape))] if t.dim() else t.detach().reshape(1)
     return picked.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+@functools.lru_cache(maxsize=1024)
+def _sample_index(shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """The sampled positions of a tensor of ``shape`` (computed once per shape: the check runs at every call).
+    A stride coprime with typical row lengths, so the sample visits many rows and columns; unravelled, so any
+    strides work without a copy of the tensor."""
+    n = math.prod(shape)
+    k = min(n, SAMPLES)
+    flat = (torch.arange(k, dtype=torch.long) * max(n // SAMPLES, 1) + torch.arange(k, dtype=torch.long) * 7919) % n
+    return torch.unravel_index(flat, shape)

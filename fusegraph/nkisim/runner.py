@@ -245,16 +245,15 @@ def launch(
     trace_layer: str | None = None,
     process_group: Any = None,
 ) -> Any:
+    """One launch of ``kernel`` (see :func:`run` for the arguments): validate, bind, run, collect, profile.
+
+    The steps are separate functions and :class:`_Launch` methods so that each stage of a launch (where the
+    ranks run, how arguments are bound, how outputs and the profile are gathered) reads on its own.
+    """
     func = kernel.func
     be = _resolve_backend(backend)
-    if be == "official":
-        from .official import run_official
-
-        return run_official(func, args, kwargs, lnc)
-    if be == "neuron":
-        from .device import run_on_neuron
-
-        return run_on_neuron(func, args, kwargs, lnc)
+    if be != "fusegraph":
+        return _run_elsewhere(be, func, args, kwargs, lnc)
     if lnc not in (1, 2):
         raise NkiUsageError(f"lnc must be 1 or 2, got {lnc!r}", rule="lnc")
     if not isinstance(ranks, int) or ranks < 1:
@@ -265,144 +264,221 @@ def launch(
     kernel_file = code.co_filename if code else None
     kernel_loc = f"{kernel_file}:{code.co_firstlineno}" if code else "<kernel>"
     placement = transport_mod.resolve(process_group, ranks, rank_args)
-    rank_ids = placement.rank_ids  # the ranks this process runs (threads), by rank id
-    local = len(rank_ids)
     run_state = RunState(
         target=tgt, lnc=lnc, ranks=placement.job_ranks, shape_only=shape_only, assume=assume,
         kernel_name=getattr(func, "__qualname__", str(func)), kernel_file=kernel_file, sbuf_budget=budget,
         max_records=max_records, grid_ndim=grid_ndim, trace=trace, trace_layer=trace_layer,
     )
-    run_state.sync = SyncHub(local, lnc, rank_ids=rank_ids)
+    _connect(run_state, placement)
+    arg_buffer = MemoryRegion.shared_hbm if lnc > 1 else MemoryRegion.private_hbm
+    per_rank = _per_rank_args(args, kwargs, ranks, rank_args)
+    bindings = [_bind(func, a, k, arg_buffer, shape_only) for a, k in per_rank]
+    job = _Launch(func, run_state, placement.rank_ids, bindings, kernel_loc)
+    t0 = time.perf_counter()
+    job.execute()
+    outputs_per_rank, output_labels = job.outputs()
+    profile = job.profile(time.perf_counter() - t0, output_labels, placement.job_ranks)
+    log.debug("%s", profile.summary())
+    return outputs_per_rank if len(job.rank_ids) > 1 else outputs_per_rank[0]
+
+
+def _run_elsewhere(backend: str, func: Callable[..., Any], args: tuple, kwargs: dict, lnc: int) -> Any:
+    """Hand the launch to the real ``nki.simulate`` ("official") or a NeuronCore ("neuron"): those backends
+    bind, run and profile on their own, none of this module's steps apply."""
+    if backend == "official":
+        from .official import run_official
+
+        return run_official(func, args, kwargs, lnc)
+    from .device import run_on_neuron
+
+    return run_on_neuron(func, args, kwargs, lnc)
+
+
+def _connect(run_state: RunState, placement: transport_mod.Resolved) -> None:
+    """Give the launch its barrier hub and its collective transport: over ``torch.distributed`` when a process
+    group carries the ranks, else between this process's rank threads."""
+    run_state.sync = SyncHub(len(placement.rank_ids), run_state.lnc, rank_ids=placement.rank_ids)
     if placement.pg is not None:
-        run_state.transport = transport_mod.TorchTransport(placement.pg, lnc, data=not shape_only)
+        run_state.transport = transport_mod.TorchTransport(placement.pg, run_state.lnc, data=not run_state.shape_only)
         run_state.transport.run_state = run_state
     else:
         run_state.transport = transport_mod.ThreadTransport(run_state.sync)
-    arg_buffer = MemoryRegion.shared_hbm if lnc > 1 else MemoryRegion.private_hbm
+
+
+def _per_rank_args(args: tuple, kwargs: dict, ranks: int, rank_args: list[tuple] | None) -> list[tuple[tuple, dict]]:
+    """Each rank's (args, kwargs): the caller's per-rank tuples, else the arguments for rank 0 and a private copy
+    for every other rank (a rank writing its inputs must not change another's)."""
     if rank_args is not None:
         if len(rank_args) != ranks:
             raise NkiUsageError(f"rank_args has {len(rank_args)} entries for ranks={ranks}", rule="args")
-        per_rank = [(tuple(a), dict(kwargs)) for a in rank_args]
-    else:
-        per_rank = [(args, kwargs)] + [_copy_args(args, kwargs) for _ in range(ranks - 1)]
-    bindings = [_bind(func, a, k, arg_buffer, shape_only) for a, k in per_rank]
+        return [(tuple(a), dict(kwargs)) for a in rank_args]
+    return [(args, kwargs)] + [_copy_args(args, kwargs) for _ in range(ranks - 1)]
 
-    contexts = [[ProgramContext(run_state, p, r) for p in range(lnc)] for r in rank_ids]
-    results: dict[tuple[int, int], Any] = {}
-    errors: list[tuple[tuple[int, int], BaseException]] = []
-    t0 = time.perf_counter()
 
-    def body(r: int, p: int) -> None:
-        ctx = contexts[r][p]
-        b = bindings[r]
+@dataclass
+class _Launch:
+    """The programs of one launch (this process's ranks x LNC programs) and what they returned or raised.
+
+    Shared state of the launch steps (running, collecting outputs, building the profile), kept in one place
+    instead of being passed between them."""
+
+    func: Callable[..., Any]
+    run_state: RunState
+    rank_ids: list[int]  # the ranks this process runs (threads), by rank id
+    bindings: list[_ArgBinding]
+    kernel_loc: str
+    contexts: list[list[ProgramContext]] = field(init=False)
+    results: dict[tuple[int, int], Any] = field(default_factory=dict)
+    errors: list[tuple[tuple[int, int], BaseException]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        lnc = self.run_state.lnc
+        self.contexts = [[ProgramContext(self.run_state, p, r) for p in range(lnc)] for r in self.rank_ids]
+
+    def execute(self) -> None:
+        """Run every program: inline when there is one, else one thread per program (collectives and LNC
+        barriers need them concurrent); the first error that is not another program's abort is re-raised."""
+        if len(self.rank_ids) * self.run_state.lnc == 1:
+            self._run_single()
+        else:
+            self._run_threads()
+
+    def _run_single(self) -> None:
+        """The one program on the caller's thread (its exception propagates unchanged)."""
+        ctx = self.contexts[0][0]
+        b = self.bindings[0]
         try:
             with activate(ctx), np.errstate(all="ignore"):
-                results[(r, p)] = func(*b.args, **b.kwargs)
-                check_closed(ctx)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            errors.append(((r, p), exc))
-            why = f"program {p} of rank {rank_ids[r]}: {type(exc).__name__}: {exc}"
-            run_state.sync.abort(why)
-            run_state.transport.failed(why)
-
-    if local * lnc == 1:
-        ctx = contexts[0][0]
-        try:
-            with activate(ctx), np.errstate(all="ignore"):
-                results[(0, 0)] = func(*bindings[0].args, **bindings[0].kwargs)
+                self.results[(0, 0)] = self.func(*b.args, **b.kwargs)
                 check_closed(ctx)
         except BaseException as exc:
-            run_state.transport.failed(f"program 0 of rank {rank_ids[0]}: {type(exc).__name__}: {exc}")
+            self.run_state.transport.failed(f"program 0 of rank {self.rank_ids[0]}: {type(exc).__name__}: {exc}")
             raise
-    else:
+
+    def _program_body(self, r: int, p: int) -> None:
+        """Program ``p`` of local rank ``r`` on its thread; a failure aborts the others (barriers, transport)."""
+        ctx = self.contexts[r][p]
+        b = self.bindings[r]
+        try:
+            with activate(ctx), np.errstate(all="ignore"):
+                self.results[(r, p)] = self.func(*b.args, **b.kwargs)
+                check_closed(ctx)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            self.errors.append(((r, p), exc))
+            why = f"program {p} of rank {self.rank_ids[r]}: {type(exc).__name__}: {exc}"
+            self.run_state.sync.abort(why)
+            self.run_state.transport.failed(why)
+
+    def _run_threads(self) -> None:
+        """Every program on its own thread; re-raise the root cause (not the aborts it triggered elsewhere)."""
         threads = [
-            threading.Thread(target=body, args=(r, p), name=f"nkisim-r{rank_ids[r]}-p{p}", daemon=True)
-            for r in range(local)
-            for p in range(lnc)
+            threading.Thread(target=self._program_body, args=(r, p), name=f"nkisim-r{self.rank_ids[r]}-p{p}",
+                             daemon=True)
+            for r in range(len(self.rank_ids))
+            for p in range(self.run_state.lnc)
         ]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
-        if errors:
-            primary = [e for e in errors if not isinstance(e[1], NkiSyncError) or "aborted" not in str(e[1])]
-            (r, p), exc = (primary or errors)[0]
-            if isinstance(exc, NkiSimError):
-                raise exc
+        if self.errors:
+            primary = [e for e in self.errors if not isinstance(e[1], NkiSyncError) or "aborted" not in str(e[1])]
+            _, exc = (primary or self.errors)[0]
             raise exc
 
-    outputs_per_rank = []
-    output_labels: set[str] = set()
-    for r in range(local):
-        outs0 = _check_outputs(results.get((r, 0)), func, kernel_loc)
+    def outputs(self) -> tuple[list[Any], set[str]]:
+        """Every local rank's outputs as host arrays (shaped like the kernel's return value), and the labels of
+        the returned tensors; inputs written through a copy are copied back."""
+        outputs_per_rank = []
+        output_labels: set[str] = set()
+        for r in range(len(self.rank_ids)):
+            outs0 = self._rank_tensors(r)
+            for t in outs0:
+                output_labels.add(t._st.label)
+                if t._st.kind != "input":
+                    t._st.kind = "output"
+            outputs_per_rank.append(self._host_outputs(r, outs0))
+            if not self.run_state.shape_only:
+                for origin, st in self.bindings[r].copy_back:
+                    _copy_back(origin, st)
+        return outputs_per_rank, output_labels
+
+    def _rank_tensors(self, r: int) -> list[NkiTensor]:
+        """The checked output tensors of local rank ``r``; every LNC program must return the same ones."""
+        lnc = self.run_state.lnc
+        outs0 = _check_outputs(self.results.get((r, 0)), self.func, self.kernel_loc)
         for p in range(1, lnc):
-            outs_p = _check_outputs(results.get((r, p)), func, kernel_loc)
+            outs_p = _check_outputs(self.results.get((r, p)), self.func, self.kernel_loc)
             if [t._st.id for t in outs_p] != [t._st.id for t in outs0]:
                 raise NkiValidationError(
                     f"the programs of the LNC={lnc} launch returned different tensors; both programs must return the "
                     f"same shared_hbm outputs",
                     rule="kernel-output",
-                    location=kernel_loc,
+                    location=self.kernel_loc,
                 )
-        for t in outs0:
-            output_labels.add(t._st.label)
-            if t._st.kind != "input":
-                t._st.kind = "output"
+        return outs0
+
+    def _host_outputs(self, r: int, outs0: list[NkiTensor]) -> Any:
+        """Rank ``r``'s outputs for the caller: a whole input array returned is the caller's own array; the
+        container (tuple, list, single value, None) follows what the kernel returned."""
+        origins = self.bindings[r].origins
         host = [
-            bindings[r].origins[t._st.id] if t._st.id in bindings[r].origins and t.shape == t._st.shape
-            else _to_host(t, shape_only)
+            origins[t._st.id] if t._st.id in origins and t.shape == t._st.shape
+            else _to_host(t, self.run_state.shape_only)
             for t in outs0
         ]
-        res = results.get((r, 0))
+        res = self.results.get((r, 0))
         if isinstance(res, tuple):
-            out: Any = tuple(host)
-        elif isinstance(res, list):
-            out = list(host)
-        else:
-            out = host[0] if host else None
-        outputs_per_rank.append(out)
-        if not shape_only:
-            for origin, st in bindings[r].copy_back:
-                _copy_back(origin, st)
+            return tuple(host)
+        if isinstance(res, list):
+            return list(host)
+        return host[0] if host else None
 
-    wall = time.perf_counter() - t0
-    profile = prof.Profile(
-        kernel=run_state.kernel_name, target=tgt.name, lnc=lnc, ranks=placement.job_ranks, shape_only=shape_only,
-        sbuf_budget_bytes=budget, wall_time_s=wall,
-    )
-    recorders = [ctx.rec for row in contexts for ctx in row]
-    prof.merge(recorders, profile)
-    from .collectives import profile_rows
+    def profile(self, wall: float, output_labels: set[str], job_ranks: int) -> prof.Profile:
+        """Merge the programs' recorders into the launch's profile, make it :func:`last_profile`, and raise the
+        first on-chip capacity error the memory replay found (the profile is kept so the failure can be read)."""
+        rs = self.run_state
+        profile = prof.Profile(
+            kernel=rs.kernel_name, target=rs.target.name, lnc=rs.lnc, ranks=job_ranks, shape_only=rs.shape_only,
+            sbuf_budget_bytes=rs.sbuf_budget, wall_time_s=wall,
+        )
+        prof.merge([ctx.rec for row in self.contexts for ctx in row], profile)
+        from .collectives import profile_rows
 
-    profile.collectives = profile_rows(contexts)
-    capacity_errors: list[BaseException] = []
-    for label, traffic in profile.hbm_by_tensor.items():
-        if label in output_labels and traffic.kind != "input":
-            traffic.kind = "output"
-    for row in contexts:
-        for ctx in row:
-            m = ctx.mem
-            try:
-                m.replay()
-            except NkiSimError:
-                capacity_errors.append(sys.exc_info()[1])
-            profile.peak_by_program.append(
-                {
-                    "rank": ctx.rank,
-                    "program": ctx.program_id,
-                    "sbuf_bytes_per_partition": m.sbuf_peak,
-                    "psum_bytes_per_partition": m.psum_peak_bytes,
-                    "psum_banks": m.psum_peak_banks,
-                }
-            )
-            profile.peak_sbuf_bytes_per_partition = max(profile.peak_sbuf_bytes_per_partition, m.sbuf_peak)
-            profile.peak_psum_bytes_per_partition = max(profile.peak_psum_bytes_per_partition, m.psum_peak_bytes)
-            profile.peak_psum_banks = max(profile.peak_psum_banks, m.psum_peak_banks)
-    prof.set_last(profile)
-    if capacity_errors:
-        raise capacity_errors[0]
-    log.debug("%s", profile.summary())
-    return outputs_per_rank if local > 1 else outputs_per_rank[0]
+        profile.collectives = profile_rows(self.contexts)
+        for label, traffic in profile.hbm_by_tensor.items():
+            if label in output_labels and traffic.kind != "input":
+                traffic.kind = "output"
+        capacity_errors = self._memory_peaks(profile)
+        prof.set_last(profile)
+        if capacity_errors:
+            raise capacity_errors[0]
+        return profile
+
+    def _memory_peaks(self, profile: prof.Profile) -> list[BaseException]:
+        """Replay every program's on-chip allocations: their SBUF/PSUM peaks go into ``profile``; the capacity
+        errors found are returned (raised by the caller after the profile is published)."""
+        capacity_errors: list[BaseException] = []
+        for row in self.contexts:
+            for ctx in row:
+                m = ctx.mem
+                try:
+                    m.replay()
+                except NkiSimError:
+                    capacity_errors.append(sys.exc_info()[1])
+                profile.peak_by_program.append(
+                    {
+                        "rank": ctx.rank,
+                        "program": ctx.program_id,
+                        "sbuf_bytes_per_partition": m.sbuf_peak,
+                        "psum_bytes_per_partition": m.psum_peak_bytes,
+                        "psum_banks": m.psum_peak_banks,
+                    }
+                )
+                profile.peak_sbuf_bytes_per_partition = max(profile.peak_sbuf_bytes_per_partition, m.sbuf_peak)
+                profile.peak_psum_bytes_per_partition = max(profile.peak_psum_bytes_per_partition, m.psum_peak_bytes)
+                profile.peak_psum_banks = max(profile.peak_psum_banks, m.psum_peak_banks)
+        return capacity_errors
 
 
 def _copy_back(origin: Any, st: Storage) -> None:

@@ -93,6 +93,88 @@ def _as_int(x: Any, what: str) -> int:
     )
 
 
+def _full_key(key: Any, shape: tuple[int, ...]) -> tuple:
+    """An index as one entry per dim: the ellipsis expanded and missing trailing dims filled with ``:``, so the
+    indexing loop sees exactly ``len(shape)`` entries."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_ell = sum(1 for k in key if k is Ellipsis)
+    if n_ell > 1:
+        raise _err("an index can only have a single ellipsis ('...')", "index")
+    if n_ell:
+        i = next(j for j, k in enumerate(key) if k is Ellipsis)
+        fill = len(shape) - (len(key) - 1)
+        if fill < 0:
+            raise _err(f"too many indices for tensor of shape {shape}", "index")
+        key = key[:i] + (slice(None),) * fill + key[i + 1 :]
+    if len(key) > len(shape):
+        raise _err(f"too many indices ({len(key)}) for tensor of shape {shape}", "index")
+    return key + (slice(None),) * (len(shape) - len(key))
+
+
+def _point_index(k: Any, dim: int, n: int, shape: tuple[int, ...]) -> int:
+    """A scalar index into a dim of size ``n``, bounds-checked and made non-negative; the index kinds NKI has no
+    scalar meaning for (None, a tensor) are rejected here with their own message."""
+    if type(k) is int:
+        i = k
+    elif k is None:
+        raise _err("np.newaxis / None indices are not supported on NKI tensors", "index")
+    elif isinstance(k, NkiTensor):
+        raise NkiNotImplementedError(
+            "indexing with a tensor is not available in NKI 0.3; use .ap(vector_offset=...)",
+            rule="not-implemented",
+            location=_where(),
+        )
+    else:
+        i = _as_int(k, f"index for dim {dim}")
+    if i < -n or i >= n:
+        raise _err(f"index {i} is out of bounds for dim {dim} of size {n} (tensor shape {shape})", "index")
+    return i + n if i < 0 else i
+
+
+def _slice_range(k: slice, dim: int, n: int, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """``(first, length, step)`` of a slice over a dim of size ``n``.  The common case (int or missing bounds,
+    no step) is resolved inline because it is the hot path of every generated kernel; other slices are checked
+    (compile-time ints, in bounds, non-zero step) and resolved like Python's ``slice.indices``."""
+    start, stop, step = k.start, k.stop, k.step
+    if step is None and (start is None or type(start) is int) and (stop is None or type(stop) is int):
+        b = 0 if start is None else start
+        e = n if stop is None else stop
+        if b < 0:
+            b += n
+        if e < 0:
+            e += n
+        if not (0 <= b <= n and 0 <= e <= n):
+            raise _err(f"slice {k.start}:{k.stop} is out of bounds for dim {dim} of size {n} "
+                       f"(tensor shape {shape})", "index")
+        return b, (e - b if e > b else 0), 1
+    step = 1 if step is None else _as_int(step, "slice step")
+    if step == 0:
+        raise _err("slice step cannot be zero", "index")
+    for v, what in ((start, "start"), (stop, "stop")):
+        if v is not None:
+            iv = _as_int(v, f"slice {what}")
+            if iv > n or iv < -n:
+                raise _err(
+                    f"slice {what} {iv} is out of bounds for dim {dim} of size {n} (tensor shape {shape})",
+                    "index",
+                )
+    b, e, st = slice(None if start is None else int(start), None if stop is None else int(stop), step).indices(n)
+    return b, len(range(b, e, st)), st
+
+
+def _ds_range(k: DynSlice, dim: int, n: int, shape: tuple[int, ...]) -> tuple[int, int]:
+    """``(start, size)`` of an ``nl.ds`` over a dim of size ``n`` (compile-time ints, inside the dim)."""
+    start = _as_int(k.start, "nl.ds start")
+    size = _as_int(k.size, "nl.ds size")
+    if start < 0 or size < 0 or start + size > n:
+        raise _err(
+            f"nl.ds({start}, {size}) is out of bounds for dim {dim} of size {n} (tensor shape {shape})",
+            "index",
+        )
+    return start, size
+
+
 class NkiTensor:
     """A tensor in HBM, SBUF or PSUM (a view of a storage)."""
 
@@ -205,99 +287,27 @@ class NkiTensor:
                 rule="not-implemented",
                 location=_where(),
             )
-        if not isinstance(key, tuple):
-            key = (key,)
-        n_ell = sum(1 for k in key if k is Ellipsis)
-        if n_ell > 1:
-            raise _err("an index can only have a single ellipsis ('...')", "index")
-        if n_ell:
-            i = next(j for j, k in enumerate(key) if k is Ellipsis)
-            fill = len(self.shape) - (len(key) - 1)
-            if fill < 0:
-                raise _err(f"too many indices for tensor of shape {self.shape}", "index")
-            key = key[:i] + (slice(None),) * fill + key[i + 1 :]
-        if len(key) > len(self.shape):
-            raise _err(f"too many indices ({len(key)}) for tensor of shape {self.shape}", "index")
-        key = key + (slice(None),) * (len(self.shape) - len(key))
+        key = _full_key(key, self.shape)
         on_chip = self._st.buffer.on_chip
         shape: list[int] = []
         strides: list[int] = []
         offset = self._offset
         for dim, (k, n, s) in enumerate(zip(key, self.shape, self._strides)):
             tk = type(k)
-            if tk is int:
-                i = k
-                if i < -n or i >= n:
-                    raise _err(f"index {i} is out of bounds for dim {dim} of size {n} (tensor shape {self.shape})", "index")
-                if i < 0:
-                    i += n
-                offset += i * s
-                if on_chip and dim == 0:
-                    shape.append(1)
-                    strides.append(s)
-            elif tk is slice:
-                start, stop, step = k.start, k.stop, k.step
-                if step is None and (start is None or type(start) is int) and (stop is None or type(stop) is int):
-                    b = 0 if start is None else start
-                    e = n if stop is None else stop
-                    if b < 0:
-                        b += n
-                    if e < 0:
-                        e += n
-                    if not (0 <= b <= n and 0 <= e <= n):
-                        raise _err(f"slice {k.start}:{k.stop} is out of bounds for dim {dim} of size {n} "
-                                   f"(tensor shape {self.shape})", "index")
-                    length = e - b if e > b else 0
-                    if length:
-                        offset += b * s
-                    shape.append(length)
-                    strides.append(s)
-                    continue
-                step = 1 if step is None else _as_int(step, "slice step")
-                if step == 0:
-                    raise _err("slice step cannot be zero", "index")
-                for v, what in ((start, "start"), (stop, "stop")):
-                    if v is not None:
-                        iv = _as_int(v, f"slice {what}")
-                        if iv > n or iv < -n:
-                            raise _err(
-                                f"slice {what} {iv} is out of bounds for dim {dim} of size {n} (tensor shape {self.shape})",
-                                "index",
-                            )
-                b, e, st = slice(
-                    None if start is None else int(start), None if stop is None else int(stop), step
-                ).indices(n)
-                length = len(range(b, e, st))
-                offset += b * s if length else 0
+            if tk is slice:
+                b, length, step = _slice_range(k, dim, n, self.shape)
+                if length:
+                    offset += b * s
                 shape.append(length)
-                strides.append(s * st)
+                strides.append(s * step)
             elif tk is DynSlice:
-                start = _as_int(k.start, "nl.ds start")
-                size = _as_int(k.size, "nl.ds size")
-                if start < 0 or size < 0 or start + size > n:
-                    raise _err(
-                        f"nl.ds({start}, {size}) is out of bounds for dim {dim} of size {n} (tensor shape {self.shape})",
-                        "index",
-                    )
-                offset += start * s
-                shape.append(size)
+                b, length = _ds_range(k, dim, n, self.shape)
+                offset += b * s
+                shape.append(length)
                 strides.append(s)
-            elif k is None:
-                raise _err("np.newaxis / None indices are not supported on NKI tensors", "index")
-            elif isinstance(k, NkiTensor):
-                raise NkiNotImplementedError(
-                    "indexing with a tensor is not available in NKI 0.3; use .ap(vector_offset=...)",
-                    rule="not-implemented",
-                    location=_where(),
-                )
             else:
-                i = _as_int(k, f"index for dim {dim}")
-                if i < -n or i >= n:
-                    raise _err(f"index {i} is out of bounds for dim {dim} of size {n} (tensor shape {self.shape})", "index")
-                if i < 0:
-                    i += n
-                offset += i * s
-                if on_chip and dim == 0:
+                offset += _point_index(k, dim, n, self.shape) * s
+                if on_chip and dim == 0:  # an on-chip tensor keeps its partition dim
                     shape.append(1)
                     strides.append(s)
         if on_chip and len(shape) < 2:

@@ -63,52 +63,14 @@ def allocate(
             reused._st.buf[...] = _fresh(shp, d, fill)
         return reused
     what = f"{api}({shp}, {d.name}, {buf_kind.name}{', ' + repr(name) if name else ''})"
-    manual = address is not None
-    start_partition = 0
-    if manual:
-        if not buf_kind.on_chip:
-            raise NkiValidationError(f"{what}: address= is only valid for SBUF/PSUM tensors", rule="buffer",
-                                     location=where)
-        try:
-            p_off, f_off = (int(address[0]), int(address[1]))
-        except (TypeError, ValueError, IndexError):
-            raise NkiValidationError(f"{what}: address must be (partition_offset, free_byte_offset), got {address!r}",
-                                     rule="shape", location=where) from None
-        if p_off < 0 or f_off < 0:
-            raise NkiValidationError(f"{what}: negative address {address!r}", rule="shape", location=where)
-        start_partition = p_off
+    address_pf = _manual_address(what, buf_kind, address, where) if address is not None else None
+    start_partition = address_pf[0] if address_pf else 0
     if buf_kind.on_chip:
-        if shp[0] > 128:
-            raise NkiValidationError(
-                f"{what}: partition dimension {shp[0]} exceeds maximum 128", rule="partition-dim", location=where
-            )
-        if start_partition + shp[0] > 128:
-            raise NkiValidationError(
-                f"{what}: partitions [{start_partition}, {start_partition + shp[0]}) exceed the 128 partitions",
-                rule="partition-dim",
-                location=where,
-            )
-
-    run = ctx.run
+        _check_partitions(what, shp, start_partition, where)
     ctx.alloc_seq += 1
     label = name or f"{buf_kind.name}#{ctx.alloc_seq}"
     if buf_kind is MemoryRegion.shared_hbm:
-        with run.lock:
-            seq_key = (name, shp, d.name)
-            counts = ctx.shared_counts
-            n = counts.get(seq_key, 0)
-            counts[seq_key] = n + 1
-            key = (ctx.rank, name, shp, d.name, n)
-            st = run.shared_allocs.get(key)
-            if st is None:
-                st = Storage(
-                    shp, d, buf_kind, buf=None if ctx.shape_only else _fresh(shp, d, fill), name=name,
-                    label=label, kind="internal", program=ctx.program_id,
-                )
-                if run.lnc > 1:
-                    run.shared_allocs[key] = st
-        return keep_allocation(ctx, NkiTensor.full(st))
-
+        return keep_allocation(ctx, NkiTensor.full(_shared_storage(ctx, shp, d, buf_kind, name, label, fill)))
     st = Storage(
         shp,
         d,
@@ -118,16 +80,66 @@ def allocate(
         label=label,
         kind="internal",
         start_partition=start_partition,
-        manual=manual,
+        manual=address_pf is not None,
         program=ctx.program_id,
     )
     if buf_kind.on_chip and fill is None and st.buf is not None:
         st.written = np.zeros(st.nbytes, dtype=np.bool_)  # reads of bytes never written are flagged (access.py)
     if buf_kind.on_chip:
-        st.mem = ctx.mem.new(
-            buf_kind.name, st.id, st.free_bytes, (start_partition, f_off) if manual else None, what, where, ctx.rec.count
-        )
+        st.mem = ctx.mem.new(buf_kind.name, st.id, st.free_bytes, address_pf, what, where, ctx.rec.count)
     return keep_allocation(ctx, NkiTensor.full(st))
+
+
+def _manual_address(what: str, buf_kind: MemoryRegion, address: Any, where: str) -> tuple[int, int]:
+    """``address=`` of a manually placed SBUF/PSUM tensor as ``(partition_offset, free_byte_offset)``, checked:
+    only on-chip tensors have an address, and it is a pair of non-negative ints."""
+    if not buf_kind.on_chip:
+        raise NkiValidationError(f"{what}: address= is only valid for SBUF/PSUM tensors", rule="buffer",
+                                 location=where)
+    try:
+        p_off, f_off = (int(address[0]), int(address[1]))
+    except (TypeError, ValueError, IndexError):
+        raise NkiValidationError(f"{what}: address must be (partition_offset, free_byte_offset), got {address!r}",
+                                 rule="shape", location=where) from None
+    if p_off < 0 or f_off < 0:
+        raise NkiValidationError(f"{what}: negative address {address!r}", rule="shape", location=where)
+    return p_off, f_off
+
+
+def _check_partitions(what: str, shp: tuple[int, ...], start_partition: int, where: str) -> None:
+    """An on-chip tensor's partition dim fits the 128 partitions from where it starts."""
+    if shp[0] > 128:
+        raise NkiValidationError(
+            f"{what}: partition dimension {shp[0]} exceeds maximum 128", rule="partition-dim", location=where
+        )
+    if start_partition + shp[0] > 128:
+        raise NkiValidationError(
+            f"{what}: partitions [{start_partition}, {start_partition + shp[0]}) exceed the 128 partitions",
+            rule="partition-dim",
+            location=where,
+        )
+
+
+def _shared_storage(ctx: ProgramContext, shp: tuple[int, ...], d: dt.DType, buf_kind: MemoryRegion, name: str,
+                    label: str, fill: Any) -> Storage:
+    """The storage of a ``shared_hbm`` allocation: the programs of an LNC=2 launch run the same code, so the n-th
+    allocation of one (name, shape, dtype) in each program of a rank is one tensor, created by the first."""
+    run = ctx.run
+    with run.lock:
+        seq_key = (name, shp, d.name)
+        counts = ctx.shared_counts
+        n = counts.get(seq_key, 0)
+        counts[seq_key] = n + 1
+        key = (ctx.rank, name, shp, d.name, n)
+        st = run.shared_allocs.get(key)
+        if st is None:
+            st = Storage(
+                shp, d, buf_kind, buf=None if ctx.shape_only else _fresh(shp, d, fill), name=name,
+                label=label, kind="internal", program=ctx.program_id,
+            )
+            if run.lnc > 1:
+                run.shared_allocs[key] = st
+    return st
 
 
 def _fresh(shape: tuple[int, ...], d: dt.DType, fill: Any) -> np.ndarray:

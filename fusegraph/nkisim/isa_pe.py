@@ -75,12 +75,33 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     perf = require_enum(perf_mode, matmul_perf_mode, "perf_mode", I.name)
     if accumulate not in (None, True, False):
         raise I.fail(f"accumulate must be None, True or False, got {accumulate!r}", "matmul-accumulate")
-    t = I.ctx.target
     gd = I.onchip(dst, "dst", allowed=(PSUM,))
     gs = I.onchip(stationary, "stationary", allowed=(SBUF,))
     gm = I.onchip(moving, "moving", allowed=(SBUF,))
-    sd, md, dd = stationary.dtype.name, moving.dtype.name, dst.dtype.name
     double = perf is matmul_perf_mode.double_row
+    _check_matmul_dtypes(I, stationary.dtype.name, moving.dtype.name, dst.dtype.name, is_transpose)
+    K, M, N = _matmul_dims(I, gs, gm, gd, stationary, moving, dst, double)
+    r0, c0, _, cs, tiled = _tiling(I, tile_position, tile_size, K, M)
+    if double and tiled and cs != 128:
+        raise I.fail("double_row perf mode cannot be combined with column tiling", "matmul-tile")
+    _check_matmul_partitions(I, gs, gm, gd, r0, c0, tiled)
+    dview = I.view(dst)
+    wide = _fp8_pe_transpose_out(I, dview) if is_transpose else None
+    # one static acc_flags per instruction: a replayed nl.dynamic_range iteration keeps the traced decision
+    acc = static_choice(I.ctx, lambda: _accumulate_flag(I, accumulate, psum_state_view(dview)[..., 0].reshape(M, N)))
+    if I.data:
+        _matmul_data(I, dst, stationary, moving, dview, wide, (K, M, N), double, is_transpose, acc)
+    if wide is not None:
+        _mark_wide(dview, wide)
+    else:
+        mark_written(dst, by_matmul=True)
+    I.record("nc_matmul", "tensor", K, N, dst.dtype.name, name_arg(name))
+
+
+def _check_matmul_dtypes(I: Instr, sd: str, md: str, dd: str, is_transpose: bool) -> None:
+    """The operand dtypes the target's Tensor Engine takes: matmul input dtypes, fp32/tf32 only with
+    fp32/tf32, and a dst dtype of the target (transpose mode: the stationary's dtype)."""
+    t = I.ctx.target
     for arg, d in (("stationary", sd), ("moving", md)):
         if d not in t.matmul_input_dtypes:
             raise I.fail(f"{arg} dtype {d} is not a matmul input dtype on {t.name} ({', '.join(t.matmul_input_dtypes)})",
@@ -92,6 +113,13 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             raise I.fail(f"transpose mode needs dst dtype == stationary dtype, got {dd} and {sd}", "dtype")
     elif dd not in t.matmul_dst_dtypes:
         raise I.fail(f"dst must be {' or '.join(t.matmul_dst_dtypes)} on {t.name}, got {dd}", "dtype")
+
+
+def _matmul_dims(I: Instr, gs, gm, gd, stationary, moving, dst, double: bool) -> tuple[int, int, int]:
+    """``(K, M, N)`` of the matmul, checked against the PE array (K, M <= 128), the target's moving free size
+    and the dst shape; ``double_row`` packs two rows per partition ([K, 2, M] / [K, 2, N], fp8 only)."""
+    t = I.ctx.target
+    sd, md, dd = stationary.dtype.name, moving.dtype.name, dst.dtype.name
     K = gs.partitions
     if gm.partitions != K:
         raise I.fail(f"stationary has {K} partitions but moving has {gm.partitions} (contraction dim)", "shape")
@@ -112,9 +140,12 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         raise I.fail(f"moving free size {N} exceeds {fmax} on {t.name}", "shape")
     if gd.partitions != M or gd.free_elems != N:
         raise I.fail(f"dst must be [{M}, {N}] (stationary free x moving free), got {dst.shape}", "shape")
-    r0, c0, _, cs, tiled = _tiling(I, tile_position, tile_size, K, M)
-    if double and tiled and cs != 128:
-        raise I.fail("double_row perf mode cannot be combined with column tiling", "matmul-tile")
+    return K, M, N
+
+
+def _check_matmul_partitions(I: Instr, gs, gm, gd, r0: int, c0: int, tiled: bool) -> None:
+    """Operands on the partitions the PE tile reads: stationary and moving start together (on the tile's row
+    in tiling mode) and dst starts on the PSUM partition of the tile's first PE column."""
     if gs.start_partition != gm.start_partition:
         raise I.fail(
             f"stationary (start partition {gs.start_partition}) and moving (start partition {gm.start_partition}) "
@@ -132,27 +163,24 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             f"tile_position=(row, {gd.start_partition}) (PE column j writes PSUM partition j)",
             "matmul-tile",
         )
-    dview = I.view(dst)
-    wide = _fp8_pe_transpose_out(I, dview) if is_transpose else None
-    # one static acc_flags per instruction: a replayed nl.dynamic_range iteration keeps the traced decision
-    acc = static_choice(I.ctx, lambda: _accumulate_flag(I, accumulate, psum_state_view(dview)[..., 0].reshape(M, N)))
-    if I.data:
-        s = access.read_f32(I.ctx, stationary).reshape(K, -1)
-        m = access.read_f32(I.ctx, moving).reshape(K, -1)
-        if double:
-            s = s.reshape(K, 2, M).transpose(1, 0, 2).reshape(2 * K, M)
-            m = m.reshape(K, 2, N).transpose(1, 0, 2).reshape(2 * K, N)
-        res = _transpose_exact(s, m) if is_transpose else s.T @ m
-        if wide is not None:
-            _write_wide(dview, wide, res)
-        else:
-            out = access.read_f32(I.ctx, dst).reshape(M, N) + res if acc else res
-            access.write(I.ctx, dst, out.reshape(dst.shape))
+
+
+def _matmul_data(I: Instr, dst, stationary, moving, dview, wide, dims: tuple[int, int, int], double: bool,
+                 is_transpose: bool, acc: bool) -> None:
+    """The arithmetic (data runs only): the product (or exact transpose) in fp32, overwritten or accumulated
+    into dst, or written as the trn2 fp8 transpose's wide PSUM elements."""
+    K, M, N = dims
+    s = access.read_f32(I.ctx, stationary).reshape(K, -1)
+    m = access.read_f32(I.ctx, moving).reshape(K, -1)
+    if double:
+        s = s.reshape(K, 2, M).transpose(1, 0, 2).reshape(2 * K, M)
+        m = m.reshape(K, 2, N).transpose(1, 0, 2).reshape(2 * K, N)
+    res = _transpose_exact(s, m) if is_transpose else s.T @ m
     if wide is not None:
-        _mark_wide(dview, wide)
+        _write_wide(dview, wide, res)
     else:
-        mark_written(dst, by_matmul=True)
-    I.record("nc_matmul", "tensor", K, N, dd, name_arg(name))
+        out = access.read_f32(I.ctx, dst).reshape(M, N) + res if acc else res
+        access.write(I.ctx, dst, out.reshape(dst.shape))
 
 
 def _accumulate_flag(I: Instr, accumulate, state: np.ndarray) -> bool:

@@ -400,95 +400,135 @@ class TorchTransport:
             raise self._mismatch(sub, call, "another rank's reduction carried a different collective signature")
 
     def collective(self, call: Call, run: Any) -> list[np.ndarray]:
-        import torch
+        """Exchange ``call``'s payload with its group over ``torch.distributed``; this rank's outputs.
 
-        dist = _dist()
+        Every transfer carries the call's signature (a reduced tail or a byte tag), so ranks that are out of
+        step are detected instead of mixing up data; one method per collective op does the transfer."""
         sub = self._subgroup(call)
         if sub.retired:
             raise NkiSyncError(f"{call.what}: the sub-group of ranks {list(call.group)} (program {call.program}) "
                                f"is out of step: an earlier collective on it was {sub.retired}", rule="sync",
                                location=call.where)
-        n = len(call.group)
-        k = call.position
-        pay = call.payload
         sig = self._signature(call)
         if call.op in REDUCING:
-            kinds = {a.dtype for a in pay}
-            if len(kinds) > 1:  # float32 and int64 tensors coalesced: one transfer per kind
-                out: list[np.ndarray | None] = [None] * len(pay)
-                for kind in sorted(kinds, key=str):
-                    idx = [i for i, a in enumerate(pay) if a.dtype == kind]
-                    part = Call(call.op, call.group, k, call.program, call.seq, [pay[i] for i in idx], call.reduce,
-                                call.dim, call.what, call.where, call.replica_groups)
-                    for i, v in zip(idx, self.collective(part, run)):
-                        out[i] = v
-                return out  # type: ignore[return-value]
-            dtype = pay[0].dtype
-            op = _torch_op(dist, call.reduce)
-            tail = self._tail(sig, call.reduce, dtype)
+            if len({a.dtype for a in call.payload}) > 1:
+                return self._per_dtype(call, run)
             if call.op == "all_reduce":
-                flat = np.concatenate([a.reshape(-1) for a in pay] + [tail])
-                t = torch.from_numpy(np.ascontiguousarray(flat))
-                self._wait(dist.all_reduce(t, op=op, group=sub.pg, async_op=True), sub, call)
-                res = t.numpy()
-                self._check_tail(res[-tail.size:], sig, call.reduce, n, sub, call)
-                outs, o = [], 0
-                for a in pay:
-                    outs.append(res[o:o + a.size].reshape(a.shape).copy())
-                    o += a.size
-                return outs
-            chunks = [np.split(a, n, axis=0) for a in pay]
-            blocks = [np.concatenate([c[j].reshape(-1) for c in chunks] + [tail]) for j in range(n)]
-            t_in = torch.from_numpy(np.ascontiguousarray(np.concatenate(blocks)))
-            t_out = torch.empty(blocks[0].size, dtype=t_in.dtype)
-            fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            self._wait(fn(t_out, t_in, op=op, group=sub.pg, async_op=True), sub, call)
-            res = t_out.numpy()
-            self._check_tail(res[-tail.size:], sig, call.reduce, n, sub, call)
-            outs, o = [], 0
-            for c in chunks:
-                m = c[k].size
-                outs.append(res[o:o + m].reshape(c[k].shape).copy())
-                o += m
-            return outs
-        tag = np.array(sig, dtype=np.uint8)
+                return self._all_reduce(call, sub, sig)
+            return self._reduce_scatter(call, sub, sig)
         if call.op == "all_gather":
-            flat = np.concatenate([_as_bytes(a) for a in pay] + [tag])
-            t_in = torch.from_numpy(flat)
-            t_out = torch.empty(n * flat.size, dtype=torch.uint8)
-            fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            self._wait(fn(t_out, t_in, group=sub.pg, async_op=True), sub, call)
-            rows = t_out.numpy().reshape(n, flat.size)
-            bad = [call.group[j] for j in range(n) if not np.array_equal(rows[j, -2:], tag)]
-            if bad:
-                raise self._mismatch(sub, call, f"rank(s) {bad} sent a different collective")
-            per_rank = []
-            for j in range(n):
-                arrs, o = [], 0
-                for a in pay:
-                    arrs.append(rows[j, o:o + a.nbytes].copy().view(a.dtype).reshape(a.shape))
-                    o += a.nbytes
-                per_rank.append(arrs)
-            return combine("all_gather", per_rank, k, None, call.dim)
+            return self._all_gather(call, sub, sig)
         if call.op == "all_to_all":
-            chunks = [np.split(a, n, axis=0) for a in pay]
-            blocks = [np.concatenate([_as_bytes(c[j]) for c in chunks] + [tag]) for j in range(n)]
-            t_in = torch.from_numpy(np.concatenate(blocks))
-            t_out = torch.empty_like(t_in)
-            self._wait(dist.all_to_all_single(t_out, t_in, group=sub.pg, async_op=True), sub, call)
-            res = t_out.numpy().reshape(n, blocks[0].size)
-            bad = [call.group[j] for j in range(n) if not np.array_equal(res[j, -2:], tag)]
-            if bad:
-                raise self._mismatch(sub, call, f"rank(s) {bad} sent a different collective")
-            got: list[list[np.ndarray]] = [[] for _ in pay]
-            for j in range(n):
-                o = 0
-                for i, c in enumerate(chunks):
-                    m = c[k].nbytes
-                    got[i].append(res[j, o:o + m].copy().view(c[k].dtype).reshape(c[k].shape))
-                    o += m
-            return [np.concatenate(g, axis=0) for g in got]
+            return self._all_to_all(call, sub, sig)
         raise ValueError(call.op)  # pragma: no cover
+
+    def _per_dtype(self, call: Call, run: Any) -> list[np.ndarray]:
+        """A reduction over tensors of several dtypes (float32 and int64 coalesced): a reduction cannot mix
+        dtypes in one buffer, so one transfer per dtype, the outputs put back in payload order."""
+        pay = call.payload
+        out: list[np.ndarray | None] = [None] * len(pay)
+        for kind in sorted({a.dtype for a in pay}, key=str):
+            idx = [i for i, a in enumerate(pay) if a.dtype == kind]
+            part = Call(call.op, call.group, call.position, call.program, call.seq, [pay[i] for i in idx],
+                        call.reduce, call.dim, call.what, call.where, call.replica_groups)
+            for i, v in zip(idx, self.collective(part, run)):
+                out[i] = v
+        return out  # type: ignore[return-value]
+
+    def _all_reduce(self, call: Call, sub: _Group, sig: tuple[int, int]) -> list[np.ndarray]:
+        """All payload tensors flattened into one buffer with the signature tail, reduced in one transfer."""
+        import torch
+
+        dist = _dist()
+        pay = call.payload
+        op = _torch_op(dist, call.reduce)
+        tail = self._tail(sig, call.reduce, pay[0].dtype)
+        flat = np.concatenate([a.reshape(-1) for a in pay] + [tail])
+        t = torch.from_numpy(np.ascontiguousarray(flat))
+        self._wait(dist.all_reduce(t, op=op, group=sub.pg, async_op=True), sub, call)
+        res = t.numpy()
+        self._check_tail(res[-tail.size:], sig, call.reduce, len(call.group), sub, call)
+        outs, o = [], 0
+        for a in pay:
+            outs.append(res[o:o + a.size].reshape(a.shape).copy())
+            o += a.size
+        return outs
+
+    def _reduce_scatter(self, call: Call, sub: _Group, sig: tuple[int, int]) -> list[np.ndarray]:
+        """Block j of the send buffer is every tensor's j-th chunk plus the signature tail; this rank receives
+        the reduced block at its position."""
+        import torch
+
+        dist = _dist()
+        pay, n, k = call.payload, len(call.group), call.position
+        op = _torch_op(dist, call.reduce)
+        tail = self._tail(sig, call.reduce, pay[0].dtype)
+        chunks = [np.split(a, n, axis=0) for a in pay]
+        blocks = [np.concatenate([c[j].reshape(-1) for c in chunks] + [tail]) for j in range(n)]
+        t_in = torch.from_numpy(np.ascontiguousarray(np.concatenate(blocks)))
+        t_out = torch.empty(blocks[0].size, dtype=t_in.dtype)
+        fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        self._wait(fn(t_out, t_in, op=op, group=sub.pg, async_op=True), sub, call)
+        res = t_out.numpy()
+        self._check_tail(res[-tail.size:], sig, call.reduce, n, sub, call)
+        outs, o = [], 0
+        for c in chunks:
+            m = c[k].size
+            outs.append(res[o:o + m].reshape(c[k].shape).copy())
+            o += m
+        return outs
+
+    def _all_gather(self, call: Call, sub: _Group, sig: tuple[int, int]) -> list[np.ndarray]:
+        """The payload's bytes plus a signature tag gathered from every rank; a rank whose tag differs sent
+        another collective."""
+        import torch
+
+        dist = _dist()
+        pay, n = call.payload, len(call.group)
+        tag = np.array(sig, dtype=np.uint8)
+        flat = np.concatenate([_as_bytes(a) for a in pay] + [tag])
+        t_in = torch.from_numpy(flat)
+        t_out = torch.empty(n * flat.size, dtype=torch.uint8)
+        fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._wait(fn(t_out, t_in, group=sub.pg, async_op=True), sub, call)
+        rows = t_out.numpy().reshape(n, flat.size)
+        bad = [call.group[j] for j in range(n) if not np.array_equal(rows[j, -2:], tag)]
+        if bad:
+            raise self._mismatch(sub, call, f"rank(s) {bad} sent a different collective")
+        per_rank = []
+        for j in range(n):
+            arrs, o = [], 0
+            for a in pay:
+                arrs.append(rows[j, o:o + a.nbytes].copy().view(a.dtype).reshape(a.shape))
+                o += a.nbytes
+            per_rank.append(arrs)
+        return combine("all_gather", per_rank, call.position, None, call.dim)
+
+    def _all_to_all(self, call: Call, sub: _Group, sig: tuple[int, int]) -> list[np.ndarray]:
+        """Block j (every tensor's j-th chunk as bytes, plus the signature tag) goes to rank j; the received
+        blocks are concatenated per tensor in group order."""
+        import torch
+
+        dist = _dist()
+        pay, n, k = call.payload, len(call.group), call.position
+        tag = np.array(sig, dtype=np.uint8)
+        chunks = [np.split(a, n, axis=0) for a in pay]
+        blocks = [np.concatenate([_as_bytes(c[j]) for c in chunks] + [tag]) for j in range(n)]
+        t_in = torch.from_numpy(np.concatenate(blocks))
+        t_out = torch.empty_like(t_in)
+        self._wait(dist.all_to_all_single(t_out, t_in, group=sub.pg, async_op=True), sub, call)
+        res = t_out.numpy().reshape(n, blocks[0].size)
+        bad = [call.group[j] for j in range(n) if not np.array_equal(res[j, -2:], tag)]
+        if bad:
+            raise self._mismatch(sub, call, f"rank(s) {bad} sent a different collective")
+        got: list[list[np.ndarray]] = [[] for _ in pay]
+        for j in range(n):
+            o = 0
+            for i, c in enumerate(chunks):
+                m = c[k].nbytes
+                got[i].append(res[j, o:o + m].copy().view(c[k].dtype).reshape(c[k].shape))
+                o += m
+        return [np.concatenate(g, axis=0) for g in got]
 
     def rendezvous(self, call: Call) -> None:  # shape-only: no peers needed
         pass

@@ -419,82 +419,135 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
     activations (``region_io``: their bytes on the DMA bandwidth) before computing and stores its outputs before
     the next boundary.
     """
-    buffers = buffers or {}
-    allocs = allocs or {}
-    free = {e: 0.0 for e in ENGINES + ("cc",)}
-    pipe = 0.0
-    start = [0.0] * len(works)
-    ready = [0.0] * len(works)
-    first = [0.0] * len(works)
-    exposure = [0.0] * len(works)
-    busy: dict[str, float] = defaultdict(float)
-    writers: dict[str, list[int]] = defaultdict(list)
-    readers: dict[str, list[int]] = defaultdict(list)
-    frontier = 0.0
-    sem_total = 0.0
-    n_barriers = 0
-    barrier_time = 0.0
-    current_region: str | None = None
-    region_end = 0.0
-    overlap = hw.dma_latency_overlap
-    windows: dict[int, tuple[float, float]] = {}
+    return _Scheduler(works, hw, buffers or {}, allocs or {}, barriers, region_io or {}).run()
 
-    def dma_slot(t_start: float, nbytes: int, parts: int) -> float:
+
+class _Scheduler:
+    """The state of one list-scheduling pass: when each engine, the DMA bandwidth ("pipe") and the step's
+    critical path ("frontier") are next free, and who last wrote / read each variable.
+
+    One object instead of closures over a dozen locals, so each step of placing a work item (kernel boundary,
+    dependencies, placement by kind, bookkeeping) is a method of its own."""
+
+    def __init__(self, works: Sequence[Work], hw: HardwareParams, buffers: dict[str, str], allocs: dict[int, list],
+                 barriers: bool, region_io: dict[str, RegionIO]) -> None:
+        self.works = works
+        self.hw = hw
+        self.buffers = buffers
+        self.allocs = allocs
+        self.barriers = barriers
+        self.region_io = region_io
+        self.free = {e: 0.0 for e in ENGINES + ("cc",)}
+        self.pipe = 0.0
+        self.start = [0.0] * len(works)
+        self.ready = [0.0] * len(works)
+        self.first = [0.0] * len(works)
+        self.exposure = [0.0] * len(works)
+        self.busy: dict[str, float] = defaultdict(float)
+        self.writers: dict[str, list[int]] = defaultdict(list)
+        self.readers: dict[str, list[int]] = defaultdict(list)
+        self.frontier = 0.0
+        self.sem_total = 0.0
+        self.n_barriers = 0
+        self.barrier_time = 0.0
+        self.current_region: str | None = None
+        self.region_end = 0.0
+        self.windows: dict[int, tuple[float, float]] = {}
+
+    def run(self) -> Schedule:
+        """Place every work item in order, then close the last kernel (with ``barriers``)."""
+        for i, w in enumerate(self.works):
+            if self.barriers and w.region != self.current_region:
+                self._enter_region(i, w)
+            self._new_tensors(i)
+            earliest, end_floor = self._dependencies(i, w)
+            if w.kind == BARRIER_KIND:
+                self._place_barrier(i, w)
+            elif w.kind in ("compute", "cc"):
+                self._place_engine(i, w, earliest, end_floor)
+            else:
+                self._place_dma(i, w, earliest, end_floor)
+            self._record_access(i, w)
+            self.exposure[i] = max(0.0, self.ready[i] - self.frontier)
+            self.frontier = max(self.frontier, self.ready[i])
+            self.region_end = max(self.region_end, self.ready[i])
+        if self.barriers and self.current_region is not None:
+            t = self._close_region(self.current_region)
+            if t > self.frontier and self.works:
+                self.exposure[-1] += t - self.frontier
+                self.frontier = t
+        return Schedule(list(self.works), self.start, self.ready, self.exposure, self.frontier, dict(self.busy),
+                        self.n_barriers, self.barrier_time, self.sem_total, dma_windows=self.windows)
+
+    # ---- kernel boundaries (hybrid baseline) ----
+    def _dma_slot(self, t_start: float, nbytes: int, parts: int) -> float:
         """An activation moved across a kernel boundary: its bytes use the DMA bandwidth; its trigger and fixed
         latency are part of the boundary's measured cost (``boundary_sync`` on Sync, ``boundary_wall``: O1), so
         they are not charged again here."""
-        nonlocal pipe
-        tr = dma_transfer(hw, nbytes, 1, parts, max(1, parts))
-        t0 = max(t_start, pipe)
-        pipe = t0 + tr["occupancy"]
-        busy["dma"] += tr["occupancy"]
+        tr = dma_transfer(self.hw, nbytes, 1, parts, max(1, parts))
+        t0 = max(t_start, self.pipe)
+        self.pipe = t0 + tr["occupancy"]
+        self.busy["dma"] += tr["occupancy"]
         return t0 + tr["own"]
 
-    def close_region(name: str | None) -> float:
+    def _close_region(self, name: str | None) -> float:
         """Store the region's outputs; return when its kernel is done."""
-        nonlocal region_end
-        t = max([region_end, pipe, *free.values()])
-        io = (region_io or {}).get(name or "")
+        t = max([self.region_end, self.pipe, *self.free.values()])
+        io = self.region_io.get(name or "")
         if io:
             for nbytes, parts in io.stores:
-                t = max(t, dma_slot(t, nbytes, parts))
+                t = max(t, self._dma_slot(t, nbytes, parts))
         return t
 
-    for i, w in enumerate(works):
-        if barriers and w.region != current_region:
-            t = close_region(current_region) if current_region is not None else 0.0
-            if current_region is not None:
-                t += hw.boundary_wall
-                busy["sync"] += hw.boundary_sync
-                barrier_time += hw.boundary_sync
-                n_barriers += 1
-            io = (region_io or {}).get(w.region)
-            t_in = t
-            if io:
-                for nbytes, parts in io.loads:
-                    t_in = max(t_in, dma_slot(t, nbytes, parts))
-            for e in free:
-                free[e] = max(free[e], t_in if e in COMPUTE_ENGINES else t)
-            free["sync"] = max(free["sync"], t)
-            pipe = max(pipe, t)
-            frontier_gap = max(0.0, t_in - frontier)
-            if frontier_gap and i:
-                exposure[i - 1] += frontier_gap  # the boundary belongs to the kernel that just ended
-                frontier = t_in
-            current_region = w.region
-            region_end = t_in
-        for v in allocs.get(i, ()):
-            writers[v] = []
-            if buffers.get(v) == "psum":
-                readers[v] = []
+    def _enter_region(self, i: int, w: Work) -> None:
+        """Work ``i`` starts a new kernel: the previous one stores its outputs and drains, the boundary is paid,
+        and this kernel loads its input activations before its engines start."""
+        hw = self.hw
+        t = self._close_region(self.current_region) if self.current_region is not None else 0.0
+        if self.current_region is not None:
+            t += hw.boundary_wall
+            self.busy["sync"] += hw.boundary_sync
+            self.barrier_time += hw.boundary_sync
+            self.n_barriers += 1
+        io = self.region_io.get(w.region)
+        t_in = t
+        if io:
+            for nbytes, parts in io.loads:
+                t_in = max(t_in, self._dma_slot(t, nbytes, parts))
+        free = self.free
+        for e in free:
+            free[e] = max(free[e], t_in if e in COMPUTE_ENGINES else t)
+        free["sync"] = max(free["sync"], t)
+        self.pipe = max(self.pipe, t)
+        frontier_gap = max(0.0, t_in - self.frontier)
+        if frontier_gap and i:
+            self.exposure[i - 1] += frontier_gap  # the boundary belongs to the kernel that just ended
+            self.frontier = t_in
+        self.current_region = w.region
+        self.region_end = t_in
+
+    # ---- dependencies ----
+    def _new_tensors(self, i: int) -> None:
+        """Variables (re)allocated before work ``i`` are new tensors: no writers yet (and, for PSUM, no reads
+        to wait for)."""
+        for v in self.allocs.get(i, ()):
+            self.writers[v] = []
+            if self.buffers.get(v) == "psum":
+                self.readers[v] = []
+
+    def _dependencies(self, i: int, w: Work) -> tuple[float, float]:
+        """``(earliest start, earliest end)`` of work ``i`` from its read-after-write dependencies (plus the
+        cross-engine semaphore or the same-engine issue interval) and its write-after-read/write hazards; a
+        producer in the same loop body only gates the first iteration (its end bounds the consumer's end)."""
+        works, ready, hw = self.works, self.ready, self.hw
         earliest = 0.0
         end_floor = 0.0
         for v in w.reads:
-            for p in writers.get(v, ()):
+            for p in self.writers.get(v, ()):
                 pw = works[p]
                 n = _shares_loop(pw, w)
                 if n:
-                    t = first[p]
+                    t = self.first[p]
                     end_floor = max(end_floor, ready[p] + w.busy / n)
                 else:
                     t = ready[p]
@@ -502,67 +555,67 @@ def schedule(works: Sequence[Work], hw: HardwareParams, *, buffers: dict[str, st
                     if pw.engine != w.engine:
                         sem = hw.semaphore_cross_engine * w.repeats
                         t += sem
-                        sem_total += sem
+                        self.sem_total += sem
                     elif not n and w.dep_ii:
                         t = max(t, ready[p] - pw.per_instr + w.dep_ii)
                 earliest = max(earliest, t)
         for v in w.writes:
-            if buffers.get(v) == "psum":
+            if self.buffers.get(v) == "psum":
                 continue
-            for p in list(readers.get(v, [])) + ([] if w.partial else list(writers.get(v, []))):
+            for p in list(self.readers.get(v, [])) + ([] if w.partial else list(self.writers.get(v, []))):
                 if p == i or _shares_loop(works[p], w):
                     continue
                 earliest = max(earliest, ready[p])
-        if w.kind == BARRIER_KIND:
-            # the end of a hardware-loop iteration: everything issued so far drains, then every engine waits out
-            # the cross-engine barrier (fusegraph.perf.hwloops)
-            s = max(frontier, pipe, *free.values())
-            e = s + w.busy
-            for k in free:
-                free[k] = e
-            pipe = e
-            busy[w.engine] += w.busy
-            start[i], ready[i], first[i] = s, e, e
-        elif w.kind in ("compute", "cc"):
-            # a collective runs on the collective engine (CC-cores, DMA rings): in order, beside compute and the
-            # kernel's DMA queues; only what reads its result waits for it
-            s = max(free[w.engine], earliest)
-            e = max(s + w.busy, end_floor)
-            free[w.engine] = e
-            busy[w.engine] += w.busy
-            start[i], ready[i] = s, e
-            first[i] = s + w.busy / max(1, w.count)
-        else:
-            s = max(free[w.engine], earliest)
-            issue_done = s + w.busy
-            free[w.engine] = issue_done
-            busy[w.engine] += w.busy
-            t0 = max(s + w.per_instr + w.latency, pipe + (1.0 - overlap) * w.latency)
-            pipe = t0 + w.occupancy
-            busy["dma"] += w.occupancy
-            e = max(t0 + w.own, issue_done, end_floor)
-            start[i], ready[i] = s, e
-            windows[i] = (s + w.per_instr, e)
-            first[i] = t0 + w.own / max(1, w.count)
+        return earliest, end_floor
+
+    # ---- placement by kind ----
+    def _place_barrier(self, i: int, w: Work) -> None:
+        """The end of a hardware-loop iteration: everything issued so far drains, then every engine waits out
+        the cross-engine barrier (fusegraph.perf.hwloops)."""
+        s = max(self.frontier, self.pipe, *self.free.values())
+        e = s + w.busy
+        for k in self.free:
+            self.free[k] = e
+        self.pipe = e
+        self.busy[w.engine] += w.busy
+        self.start[i], self.ready[i], self.first[i] = s, e, e
+
+    def _place_engine(self, i: int, w: Work, earliest: float, end_floor: float) -> None:
+        """A compute instruction on its engine, or a collective on the collective engine (CC-cores, DMA rings):
+        in order, beside compute and the kernel's DMA queues; only what reads its result waits for it."""
+        s = max(self.free[w.engine], earliest)
+        e = max(s + w.busy, end_floor)
+        self.free[w.engine] = e
+        self.busy[w.engine] += w.busy
+        self.start[i], self.ready[i] = s, e
+        self.first[i] = s + w.busy / max(1, w.count)
+
+    def _place_dma(self, i: int, w: Work, earliest: float, end_floor: float) -> None:
+        """A DMA: its triggers occupy the issuing engine, its bytes the shared DMA bandwidth after the fixed
+        latency (partly overlapped with the previous transfer); it is done when its last byte lands."""
+        s = max(self.free[w.engine], earliest)
+        issue_done = s + w.busy
+        self.free[w.engine] = issue_done
+        self.busy[w.engine] += w.busy
+        t0 = max(s + w.per_instr + w.latency, self.pipe + (1.0 - self.hw.dma_latency_overlap) * w.latency)
+        self.pipe = t0 + w.occupancy
+        self.busy["dma"] += w.occupancy
+        e = max(t0 + w.own, issue_done, end_floor)
+        self.start[i], self.ready[i] = s, e
+        self.windows[i] = (s + w.per_instr, e)
+        self.first[i] = t0 + w.own / max(1, w.count)
+
+    def _record_access(self, i: int, w: Work) -> None:
+        """Work ``i`` is now a reader of what it reads and the writer of what it writes (a whole write replaces
+        the earlier writers and readers; a partial write joins them)."""
         for v in w.reads:
-            readers[v].append(i)
+            self.readers[v].append(i)
         for v in w.writes:
             if w.partial:
-                writers[v].append(i)
+                self.writers[v].append(i)
             else:
-                writers[v] = [i]
-                readers[v] = []
-        exposure[i] = max(0.0, ready[i] - frontier)
-        frontier = max(frontier, ready[i])
-        region_end = max(region_end, ready[i])
-    if barriers and current_region is not None:
-        t = close_region(current_region)
-        if t > frontier and works:
-            exposure[-1] += t - frontier
-            frontier = t
-    makespan = frontier
-    return Schedule(list(works), start, ready, exposure, makespan, dict(busy), n_barriers, barrier_time, sem_total,
-                    dma_windows=windows)
+                self.writers[v] = [i]
+                self.readers[v] = []
 
 
 # ---- aggregation and classification ---------------------------------------------------------------------------

@@ -73,10 +73,36 @@ def render_graph(program: Any, region_of: dict[str, int], pattern_of: dict[str, 
     pat_color = {p: color_for(i) for i, p in enumerate(patterns)}
     regions = sorted({r for r in region_of.values()})
     reg_color = {r: color_for(i) for i, r in enumerate(regions)}
-    pos: dict[str, tuple[float, float]] = {}
-    x0 = 10.0
-    heads = []
-    height = TOP
+    pos, heads, total_w, height = _layout(G, cols)
+    out = [f'<svg id="program-graph" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {total_w:.0f} {height + 10:.0f}" '
+           f'width="{total_w:.0f}" height="{height + 10:.0f}" role="img" aria-label="program graph">']
+    for x, title in heads:
+        out.append(f'<text class="col-title" x="{x:.0f}" y="16">{_esc(title)}</text>')
+    out.append('<g class="edges">')
+    out += _edge_lines(G, pos)
+    out.append("</g><g class=\"nodes\">")
+    for n, (x, y) in pos.items():
+        d = G.nodes[n]
+        rid = region_of.get(n)
+        pat = pattern_of.get(n, "")
+        op = str(d.get("op", ""))
+        cls, fill, pfill = _node_style(op, rid, n in unmatched, reg_color.get(rid), pat_color.get(pat, GLUE))
+        where = f"region {rid} ({region_names.get(rid, '')})" if rid is not None else "no region"
+        tip = f"{n}  {op}\n{d.get('module') or ''}\n{where}" + (f"\npattern {pat}" if pat else "")
+        out.append(f'<circle class="{cls}" cx="{x:.1f}" cy="{y:.1f}" r="{R}" fill="{fill}" data-region="{fill}" '
+                   f'data-pattern="{pfill}"><title>{_esc(tip)}</title></circle>')
+    out.append("</g></svg>")
+    note = f"{hidden} more decoder layers not drawn (same structure; see the tables)" if hidden else ""
+    legend = [(f"region {r}: {region_names.get(r, '')}", reg_color[r]) for r in regions]
+    legend += [("unmatched op (fallback path)", UNMATCHED), ("view / glue outside regions", GLUE)]
+    pat_legend = [(p, c) for p, c in pat_color.items()]
+    return _wrap("".join(out), legend, pat_legend, note)
+
+
+def _layout(G: Any, cols: list[tuple[str, list[str]]]) -> tuple[dict[str, tuple[float, float]], list[tuple[float, str]],
+                                                                float, float]:
+    """Node positions, column titles (x, title), total width and height: the columns side by side, each a
+    layered layout (rows by rank, each row ordered by its predecessors' barycenter)."""
     ranked = []
     slots = 0
     for title, nodes in cols:
@@ -88,61 +114,60 @@ def render_graph(program: Any, region_of: dict[str, int], pattern_of: dict[str, 
         slots += max((len(r) for r in rows.values()), default=1)
     # spread the columns over ~1200 px when they are narrow (never closer than DX)
     dx = max(DX, min(3 * DX, (1200 - COL_GAP * len(cols)) / max(1, slots)))
+    pos: dict[str, tuple[float, float]] = {}
+    heads = []
+    x0 = 10.0
+    height = TOP
     for title, rows in ranked:
-        width = 1
-        local: dict[str, float] = {}
-        for r in sorted(rows):
-            row = rows[r]
-
-            def bary(n: str) -> float:
-                ps = [local[p] for p in G.predecessors(n) if p in local]
-                return sum(ps) / len(ps) if ps else 0.0
-
-            row.sort(key=bary)
-            for i, n in enumerate(row):
-                local[n] = i
-                pos[n] = (x0 + i * dx + R, TOP + r * DY + R)
-            width = max(width, len(row))
+        width = _place_column(G, rows, x0, dx, pos)
         heads.append((x0, title))
         height = max(height, TOP + (max(rows) + 1 if rows else 1) * DY)
         x0 += max(width * dx, 8.0 * len(title)) + COL_GAP
-    total_w = max(x0, 200.0)
-    out = [f'<svg id="program-graph" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {total_w:.0f} {height + 10:.0f}" '
-           f'width="{total_w:.0f}" height="{height + 10:.0f}" role="img" aria-label="program graph">']
-    for x, title in heads:
-        out.append(f'<text class="col-title" x="{x:.0f}" y="16">{_esc(title)}</text>')
-    out.append('<g class="edges">')
+    return pos, heads, max(x0, 200.0), height
+
+
+def _place_column(G: Any, rows: dict[int, list[str]], x0: float, dx: float, pos: dict[str, tuple[float, float]]) -> int:
+    """Place one column's rows into ``pos`` (each row sorted by the barycenter of its nodes' already placed
+    predecessors, which keeps edges short); the column's width in nodes."""
+    width = 1
+    local: dict[str, float] = {}
+
+    def bary(n: str) -> float:
+        ps = [local[p] for p in G.predecessors(n) if p in local]
+        return sum(ps) / len(ps) if ps else 0.0
+
+    for r in sorted(rows):
+        row = rows[r]
+        row.sort(key=bary)
+        for i, n in enumerate(row):
+            local[n] = i
+            pos[n] = (x0 + i * dx + R, TOP + r * DY + R)
+        width = max(width, len(row))
+    return width
+
+
+def _edge_lines(G: Any, pos: dict[str, tuple[float, float]]) -> list[str]:
+    """One SVG line per edge between drawn nodes."""
+    out = []
     for n in pos:
         x2, y2 = pos[n]
         for p in G.predecessors(n):
             if p in pos:
                 x1, y1 = pos[p]
                 out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}"/>')
-    out.append("</g><g class=\"nodes\">")
-    for n, (x, y) in pos.items():
-        d = G.nodes[n]
-        rid = region_of.get(n)
-        pat = pattern_of.get(n, "")
-        op = str(d.get("op", ""))
-        is_view = op.split(".")[1] in _VIEWISH if op.startswith("aten.") and len(op.split(".")) > 2 else op == "getitem"
-        if rid is None and (n in unmatched or not is_view):
-            cls, fill, pfill = "node unmatched", UNMATCHED, UNMATCHED
-        elif rid is None:
-            cls, fill, pfill = "node glue", GLUE, GLUE
-        else:
-            cls = "node"
-            fill = reg_color[rid]
-            pfill = pat_color.get(pat, GLUE)
-        where = f"region {rid} ({region_names.get(rid, '')})" if rid is not None else "no region"
-        tip = f"{n}  {op}\n{d.get('module') or ''}\n{where}" + (f"\npattern {pat}" if pat else "")
-        out.append(f'<circle class="{cls}" cx="{x:.1f}" cy="{y:.1f}" r="{R}" fill="{fill}" data-region="{fill}" '
-                   f'data-pattern="{pfill}"><title>{_esc(tip)}</title></circle>')
-    out.append("</g></svg>")
-    note = f"{hidden} more decoder layers not drawn (same structure; see the tables)" if hidden else ""
-    legend = [(f"region {r}: {region_names.get(r, '')}", reg_color[r]) for r in regions]
-    legend += [("unmatched op (fallback path)", UNMATCHED), ("view / glue outside regions", GLUE)]
-    pat_legend = [(p, c) for p, c in pat_color.items()]
-    return _wrap("".join(out), legend, pat_legend, note)
+    return out
+
+
+def _node_style(op: str, rid: int | None, listed_unmatched: bool, region_fill: str | None,
+                pattern_fill: str) -> tuple[str, str, str]:
+    """(CSS class, region-view fill, pattern-view fill) of a node: an op outside every region is unmatched (red)
+    unless it is a pure view (grey glue) and not listed as unmatched."""
+    is_view = op.split(".")[1] in _VIEWISH if op.startswith("aten.") and len(op.split(".")) > 2 else op == "getitem"
+    if rid is None and (listed_unmatched or not is_view):
+        return "node unmatched", UNMATCHED, UNMATCHED
+    if rid is None:
+        return "node glue", GLUE, GLUE
+    return "node", region_fill, pattern_fill
 
 
 _VIEWISH = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "t", "transpose",

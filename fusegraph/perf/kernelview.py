@@ -143,83 +143,114 @@ def parse_source(source: str, kernel: str | None = None) -> tuple[list[KernelLin
     line ``i`` (a fresh ``nl.ndarray`` starts a new tensor under an old name: new writers, and for PSUM no
     write-after-read hazard with the old one).
     """
-    tree = ast.parse(source)
-    fn = _kernel_function(tree, kernel)
-    params = {a.arg for a in fn.args.args}
-    buffers: dict[str, str] = {p: "hbm" for p in params}  # the variables that name tensors, and where they live
-    lines: list[KernelLine] = []
-    pending_allocs: list[str] = []
-    alloc_events: dict[int, list] = defaultdict(list)
-    alloc_names: dict[str, str] = {}
+    fn = _kernel_function(ast.parse(source), kernel)
+    parser = _SourceParser({a.arg: "hbm" for a in fn.args.args})
+    parser.visit(fn.body, ())
+    return parser.lines, parser.buffers, dict(parser.alloc_events)
 
-    def visit(stmts: list[ast.stmt], loops: tuple[int, ...]) -> None:
+
+class _SourceParser:
+    """One walk over a kernel's statements: the ``nisa`` / ``nki.collectives`` calls as :class:`KernelLine`,
+    the buffer of every tensor variable, and the allocations between calls.
+
+    A class so the walk's state (buffers, pending allocations, allocation names) is shared by the steps of
+    reading one call (its keywords, what it writes, what it reads) without passing it around."""
+
+    def __init__(self, buffers: dict[str, str]) -> None:
+        self.buffers = buffers  # the variables that name tensors, and where they live
+        self.lines: list[KernelLine] = []
+        self.pending_allocs: list[str] = []
+        self.alloc_events: dict[int, list] = defaultdict(list)
+        self.alloc_names: dict[str, str] = {}
+
+    def visit(self, stmts: list[ast.stmt], loops: tuple[int, ...]) -> None:
+        """Walk ``stmts`` in program order (into loop bodies, both branches of an if, and with blocks)."""
         for st in stmts:
             if isinstance(st, ast.For):
-                visit(st.body, loops + (st.lineno,))
+                self.visit(st.body, loops + (st.lineno,))
                 continue
             if isinstance(st, (ast.If, ast.With)):
-                visit(st.body, loops)
-                visit(getattr(st, "orelse", []) or [], loops)
+                self.visit(st.body, loops)
+                self.visit(getattr(st, "orelse", []) or [], loops)
                 continue
             if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call):
-                fn_text = ast.unparse(st.value.func)
-                if fn_text.endswith("ndarray") and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
-                    var = st.targets[0].id
-                    buffers[var] = _buffer_of(st.value)
-                    pending_allocs.append(var)
-                    alloc_names[var] = _const_str(next((k.value for k in st.value.keywords if k.arg == "name"),
-                                                       None))
+                self._assignment(st)
                 continue
-            if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)):
-                continue
-            call = st.value
-            f = call.func
-            # nisa.* and nki.collectives.* (srcs=/dsts= lists; named after their first destination's name=)
-            coll = isinstance(f, ast.Attribute) and ast.unparse(f.value) == "nki.collectives"
-            if not (coll or isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "nisa"):
-                continue
-            kws = {kw.arg: kw.value for kw in call.keywords if kw.arg}
-            if coll:
-                dsts = kws.pop("dsts", None)
-                if isinstance(dsts, (ast.List, ast.Tuple)) and dsts.elts:
-                    kws["dst"] = dsts.elts[0]
-                    if "name" not in kws:
-                        base, _ = _base_name(dsts.elts[0])
-                        kws["name"] = ast.Constant(alloc_names.get(base) or "")
-            writes: list[str] = []
-            partial = False
-            for k in OUTPUT_KEYWORDS:
-                if k in kws:
-                    var, part = _base_name(kws[k])
-                    if var is not None:
-                        writes.append(var)
-                        partial = partial or part
-            known = buffers
-            reads: list[str] = []
-            for k, v in kws.items():
-                if k in ("name",) or k in OUTPUT_KEYWORDS:
-                    continue
-                for n in _names(v):
-                    if n in known and n not in reads:
-                        reads.append(n)
-            # indices inside the destination (e.g. a runtime offset of a scatter) are reads too
-            for k in OUTPUT_KEYWORDS:
-                if k in kws:
-                    base, _ = _base_name(kws[k])
-                    for n in _names(kws[k]):
-                        if n in known and n != base and n not in reads:
-                            reads.append(n)
-            name = _const_str(kws.get("name"))
-            region, layer = region_of(name)
-            idx = len(lines)
-            if pending_allocs:
-                alloc_events[idx].extend(pending_allocs)
-                pending_allocs.clear()
-            lines.append(KernelLine(idx, st.lineno, f.attr, name, region, layer, tuple(reads), tuple(writes), partial,
-                                    loops))
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
+                self._call(st, st.value, loops)
 
-    visit(fn.body, ())
-    return lines, buffers, dict(alloc_events)
+    def _assignment(self, st: ast.Assign) -> None:
+        """``x = nl.ndarray(...)``: ``x`` is a (new) tensor in that buffer, allocated before the next call."""
+        fn_text = ast.unparse(st.value.func)
+        if fn_text.endswith("ndarray") and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+            var = st.targets[0].id
+            self.buffers[var] = _buffer_of(st.value)
+            self.pending_allocs.append(var)
+            self.alloc_names[var] = _const_str(next((k.value for k in st.value.keywords if k.arg == "name"), None))
+
+    def _call(self, st: ast.Expr, call: ast.Call, loops: tuple[int, ...]) -> None:
+        """A call statement: a ``nisa.*`` or ``nki.collectives.*`` call becomes the next :class:`KernelLine`."""
+        f = call.func
+        # nisa.* and nki.collectives.* (srcs=/dsts= lists; named after their first destination's name=)
+        coll = isinstance(f, ast.Attribute) and ast.unparse(f.value) == "nki.collectives"
+        if not (coll or isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "nisa"):
+            return
+        kws = self._keywords(call, coll)
+        writes, partial = _writes(kws)
+        reads = self._reads(kws)
+        name = _const_str(kws.get("name"))
+        region, layer = region_of(name)
+        idx = len(self.lines)
+        if self.pending_allocs:
+            self.alloc_events[idx].extend(self.pending_allocs)
+            self.pending_allocs.clear()
+        self.lines.append(KernelLine(idx, st.lineno, f.attr, name, region, layer, tuple(reads), tuple(writes),
+                                     partial, loops))
+
+    def _keywords(self, call: ast.Call, coll: bool) -> dict[str, ast.AST]:
+        """The call's keyword arguments; a collective's first ``dsts=`` entry stands for its ``dst`` (and names
+        the call after that tensor's allocation when it has no ``name=``)."""
+        kws = {kw.arg: kw.value for kw in call.keywords if kw.arg}
+        if coll:
+            dsts = kws.pop("dsts", None)
+            if isinstance(dsts, (ast.List, ast.Tuple)) and dsts.elts:
+                kws["dst"] = dsts.elts[0]
+                if "name" not in kws:
+                    base, _ = _base_name(dsts.elts[0])
+                    kws["name"] = ast.Constant(self.alloc_names.get(base) or "")
+        return kws
+
+    def _reads(self, kws: dict[str, ast.AST]) -> list[str]:
+        """Tensor variables the call reads: every known variable in its input arguments, then those used as
+        indices inside its destinations (e.g. a runtime offset of a scatter), in first-seen order."""
+        known = self.buffers
+        reads: list[str] = []
+        for k, v in kws.items():
+            if k in ("name",) or k in OUTPUT_KEYWORDS:
+                continue
+            for n in _names(v):
+                if n in known and n not in reads:
+                    reads.append(n)
+        for k in OUTPUT_KEYWORDS:
+            if k in kws:
+                base, _ = _base_name(kws[k])
+                for n in _names(kws[k]):
+                    if n in known and n != base and n not in reads:
+                        reads.append(n)
+        return reads
+
+
+def _writes(kws: dict[str, ast.AST]) -> tuple[list[str], bool]:
+    """The variables a call writes (its output keywords) and whether any write is to a slice/view only."""
+    writes: list[str] = []
+    partial = False
+    for k in OUTPUT_KEYWORDS:
+        if k in kws:
+            var, part = _base_name(kws[k])
+            if var is not None:
+                writes.append(var)
+                partial = partial or part
+    return writes, partial
 
 
 def _as_dict(x: Any) -> dict[str, Any]:

@@ -88,16 +88,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                   engine=engine.unknown, name=None):
     """dst = (data <op0> operand0) <op1> operand1 with scalar or [P, 1] operands."""
     I = Instr("nisa.tensor_scalar")
-    s0 = alu_op(I, op0, "op0")
-    s1 = None
-    if op1 is None and operand1 is not None:
-        raise I.fail("operand1 is set but op1 is None; both must be set or both be None", "shape")
-    if op1 is not None:
-        s1 = alu_op(I, op1, "op1")
-        if operand1 is None and not s1.unary:
-            raise I.fail("op1 is set but operand1 is None; both must be set or both be None", "shape")
-        if s1.bitvec != s0.bitvec:
-            raise I.fail("op0 and op1 must both be bitvec or both be arithmetic operators", "op")
+    s0, s1 = _tensor_scalar_ops(I, op0, op1, operand1)
     gd = I.onchip(dst, "dst")
     g = I.onchip(data, "data")
     I.same_partitions([("dst", gd), ("data", g)])
@@ -114,8 +105,38 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
             inputs.append((arg, og))
         elif spec.bitvec and not isinstance(operand, (int, np.integer)):
             raise I.fail(f"{arg} must be an integer for bitvec operator nl.{spec.name}", "dtype")
-    allowed = (E.engine.vector, E.engine.scalar, E.engine.gpsimd)
-    e = pick_engine(I, engine, allowed, E.engine.vector)
+    e = _tensor_scalar_engine(I, engine, s0, s1)
+    no_psum_on_gpsimd(I, e, [("dst", dst), ("data", data), ("operand0", operand0), ("operand1", operand1)])
+    if s0.bitvec:
+        require_int(I, dst, "dst", "bitvec operators")
+        require_int(I, data, "data", "bitvec operators")
+    I.align(inputs, ("dst", gd))
+    if I.data:
+        _tensor_scalar_data(I, dst, data, ((s0, operand0, reverse0), (s1, operand1, reverse1)), P)
+    mark_written(dst)
+    I.record("tensor_scalar", ENGINE_NAMES[e], gd.partitions, gd.free_elems, dst.dtype.name, name_arg(name))
+
+
+def _tensor_scalar_ops(I: Instr, op0: Any, op1: Any, operand1: Any) -> tuple[OpSpec, OpSpec | None]:
+    """The two operators of a tensor_scalar: op1 and operand1 come together (a unary op1 needs no operand), and
+    both operators are bitvec or both arithmetic."""
+    s0 = alu_op(I, op0, "op0")
+    s1 = None
+    if op1 is None and operand1 is not None:
+        raise I.fail("operand1 is set but op1 is None; both must be set or both be None", "shape")
+    if op1 is not None:
+        s1 = alu_op(I, op1, "op1")
+        if operand1 is None and not s1.unary:
+            raise I.fail("op1 is set but operand1 is None; both must be set or both be None", "shape")
+        if s1.bitvec != s0.bitvec:
+            raise I.fail("op0 and op1 must both be bitvec or both be arithmetic operators", "op")
+    return s0, s1
+
+
+def _tensor_scalar_engine(I: Instr, engine_arg: Any, s0: OpSpec, s1: OpSpec | None) -> Any:
+    """The engine a tensor_scalar runs on (default Vector) and what each engine accepts: bitvec only on Vector,
+    GpSimd only for rsqrt, the trn2 Scalar engine only for multiply/add combinations."""
+    e = pick_engine(I, engine_arg, (E.engine.vector, E.engine.scalar, E.engine.gpsimd), E.engine.vector)
     if s0.bitvec and e is not E.engine.vector:
         raise I.fail("bitvec operators must run on the Vector engine", "engine")
     if e is E.engine.gpsimd and not (s0.name == "rsqrt" and s1 is None):
@@ -128,30 +149,28 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                 f"(nl.{combo[0]}, {('nl.' + combo[1]) if combo[1] else None})",
                 "engine",
             )
-    no_psum_on_gpsimd(I, e, [("dst", dst), ("data", data), ("operand0", operand0), ("operand1", operand1)])
-    if s0.bitvec:
-        require_int(I, dst, "dst", "bitvec operators")
-        require_int(I, data, "data", "bitvec operators")
-    I.align(inputs, ("dst", gd))
-    if I.data:
-        if s0.bitvec:
-            res = bits_u64(raw2(I, data), data.dtype)
-            for spec, operand, rev in ((s0, operand0, reverse0), (s1, operand1, reverse1)):
-                if spec is None:
-                    continue
-                b = np.uint64(int(operand) & ((1 << 64) - 1)) if operand is not None else None
-                res = _apply(spec, res, b, bool(rev))
-            store(I, dst, from_bits(res, dst.dtype))
-        else:
-            res = flat2(I, data)
-            for spec, operand, rev in ((s0, operand0, reverse0), (s1, operand1, reverse1)):
-                if spec is None:
-                    continue
-                b = operand_values(I, operand, P) if operand is not None else None
-                res = _apply(spec, res, b, bool(rev))
-            store(I, dst, res)
-    mark_written(dst)
-    I.record("tensor_scalar", ENGINE_NAMES[e], gd.partitions, gd.free_elems, dst.dtype.name, name_arg(name))
+    return e
+
+
+def _tensor_scalar_data(I: Instr, dst: Any, data: Any, ops: tuple, P: int) -> None:
+    """The arithmetic (data runs only): bitvec operators on the 64-bit patterns of the integers, arithmetic
+    ones in float32; each ``(spec, operand, reverse)`` of ``ops`` applied in turn (a missing op1 skipped)."""
+    if ops[0][0].bitvec:
+        res = bits_u64(raw2(I, data), data.dtype)
+        for spec, operand, rev in ops:
+            if spec is None:
+                continue
+            b = np.uint64(int(operand) & ((1 << 64) - 1)) if operand is not None else None
+            res = _apply(spec, res, b, bool(rev))
+        store(I, dst, from_bits(res, dst.dtype))
+    else:
+        res = flat2(I, data)
+        for spec, operand, rev in ops:
+            if spec is None:
+                continue
+            b = operand_values(I, operand, P) if operand is not None else None
+            res = _apply(spec, res, b, bool(rev))
+        store(I, dst, res)
 
 
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):

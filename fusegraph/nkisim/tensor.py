@@ -175,6 +175,39 @@ def _ds_range(k: DynSlice, dim: int, n: int, shape: tuple[int, ...]) -> tuple[in
     return start, size
 
 
+def _ap_pairs(pattern: Any) -> list[tuple[int, int]]:
+    """An ``.ap`` pattern as checked ``(stride, count)`` pairs: a non-empty list of compile-time int pairs with
+    positive counts."""
+    try:
+        pairs = [(_as_int(p[0], "ap stride"), _as_int(p[1], "ap count")) for p in pattern]
+    except (TypeError, IndexError):
+        raise _err(f"ap pattern must be a list of [stride, count] pairs, got {pattern!r}", "ap") from None
+    if not pairs:
+        raise _err("ap pattern must not be empty", "ap")
+    if any(c <= 0 for _, c in pairs):
+        raise _err(f"ap pattern counts must be positive, got {pattern!r}", "ap")
+    return pairs
+
+
+def _scalar_indirect(scalar_offset: Any, idim: int, mult: int, off: int) -> tuple["Indirect | None", int]:
+    """``scalar_offset=``: a runtime index from a 1x1 on-chip tensor or a register (an indirect view), or a
+    Python int folded into the static offset; ``(indirection or None, offset)``."""
+    from .registers import VirtualRegister
+
+    if isinstance(scalar_offset, NkiTensor):
+        if scalar_offset.size != 1 or not scalar_offset.on_chip:
+            raise _err(
+                f"scalar_offset must be a 1x1 SBUF tensor or a VirtualRegister, got shape "
+                f"{scalar_offset.shape} in {scalar_offset.buffer.name}",
+                "ap",
+            )
+    elif not isinstance(scalar_offset, VirtualRegister):
+        if isinstance(scalar_offset, (int, np.integer)):
+            return None, off + int(scalar_offset) * mult
+        raise _err(f"scalar_offset must be a 1x1 SBUF tensor or a VirtualRegister, got {scalar_offset!r}", "ap")
+    return Indirect("scalar", scalar_offset, idim, mult), off
+
+
 class NkiTensor:
     """A tensor in HBM, SBUF or PSUM (a view of a storage)."""
 
@@ -439,14 +472,7 @@ class NkiTensor:
         dtype: Any,
     ) -> "NkiTensor":
         """``.ap`` on a whole tensor: the pattern and offset address it from its first element."""
-        try:
-            pairs = [(_as_int(p[0], "ap stride"), _as_int(p[1], "ap count")) for p in pattern]
-        except (TypeError, IndexError):
-            raise _err(f"ap pattern must be a list of [stride, count] pairs, got {pattern!r}", "ap") from None
-        if not pairs:
-            raise _err("ap pattern must not be empty", "ap")
-        if any(c <= 0 for _, c in pairs):
-            raise _err(f"ap pattern counts must be positive, got {pattern!r}", "ap")
+        pairs = _ap_pairs(pattern)
         off = 0 if offset is None else _as_int(offset, "ap offset")
         d = self.dtype if dtype is None else dt.get(dtype)
         if d.itemsize != self.dtype.itemsize:
@@ -470,43 +496,29 @@ class NkiTensor:
             for s in self.shape[idim + 1 :]:
                 mult *= s
             if vector_offset is not None:
-                if not isinstance(vector_offset, NkiTensor) or vector_offset.buffer is not MemoryRegion.sbuf:
-                    raise _err("vector_offset must be an SBUF tensor of shape [P, 1]", "ap")
-                if self.on_chip:
-                    raise _err("vector_offset indirection is only supported on HBM tensors", "ap")
-                # the index shape is checked by the DMA that uses the view: dma_copy/dma_compute take [P, 1] (one
-                # row per partition), an indirect dma_transpose takes a 2-D [16..128, C] index tile
-                # trailing unit dims are one element per partition too: nki-library's router_topk (indirect
-                # scatter, hardware-tested) passes a [P, 1, 1] .ap view of its index tile
-                if len(vector_offset.shape) < 2 or any(d != 1 for d in vector_offset.shape[2:]):
-                    raise _err(f"vector_offset must be a 2-D SBUF tensor (trailing unit dims allowed), got shape "
-                               f"{vector_offset.shape}", "ap")
-                if not vector_offset.dtype.is_int:
-                    raise _err(f"vector_offset must have an integer dtype, got {vector_offset.dtype.name}", "ap")
-                ind = Indirect("vector", vector_offset, idim, mult)
+                ind = self._vector_indirect(vector_offset, idim, mult)
             else:
-                from .registers import VirtualRegister
-
-                if isinstance(scalar_offset, NkiTensor):
-                    if scalar_offset.size != 1 or not scalar_offset.on_chip:
-                        raise _err(
-                            f"scalar_offset must be a 1x1 SBUF tensor or a VirtualRegister, got shape "
-                            f"{scalar_offset.shape} in {scalar_offset.buffer.name}",
-                            "ap",
-                        )
-                elif not isinstance(scalar_offset, VirtualRegister):
-                    if isinstance(scalar_offset, (int, np.integer)):
-                        off += int(scalar_offset) * mult
-                        scalar_offset = None
-                    else:
-                        raise _err(f"scalar_offset must be a 1x1 SBUF tensor or a VirtualRegister, got {scalar_offset!r}",
-                                   "ap")
-                if scalar_offset is not None:
-                    ind = Indirect("scalar", scalar_offset, idim, mult)
+                ind, off = _scalar_indirect(scalar_offset, idim, mult, off)
         t = NkiTensor(self._st, shape, strides, self._offset * self.dtype.itemsize // d.itemsize + off, d, ind)
         t._ap = True
         return t
 
+    def _vector_indirect(self, vector_offset: Any, idim: int, mult: int) -> "Indirect":
+        """``vector_offset=``: one runtime row index per partition from an integer SBUF tile (HBM tensors only)."""
+        if not isinstance(vector_offset, NkiTensor) or vector_offset.buffer is not MemoryRegion.sbuf:
+            raise _err("vector_offset must be an SBUF tensor of shape [P, 1]", "ap")
+        if self.on_chip:
+            raise _err("vector_offset indirection is only supported on HBM tensors", "ap")
+        # the index shape is checked by the DMA that uses the view: dma_copy/dma_compute take [P, 1] (one
+        # row per partition), an indirect dma_transpose takes a 2-D [16..128, C] index tile
+        # trailing unit dims are one element per partition too: nki-library's router_topk (indirect
+        # scatter, hardware-tested) passes a [P, 1, 1] .ap view of its index tile
+        if len(vector_offset.shape) < 2 or any(d != 1 for d in vector_offset.shape[2:]):
+            raise _err(f"vector_offset must be a 2-D SBUF tensor (trailing unit dims allowed), got shape "
+                       f"{vector_offset.shape}", "ap")
+        if not vector_offset.dtype.is_int:
+            raise _err(f"vector_offset must have an integer dtype, got {vector_offset.dtype.name}", "ap")
+        return Indirect("vector", vector_offset, idim, mult)
 
     def _partition_step(self, step: int, d: dt.DType) -> int:
         """The storage stride of the partition entry of an on-chip ``.ap()`` pattern.

@@ -362,36 +362,8 @@ def merge(recorders: list[Recorder], profile: Profile) -> Profile:
         profile.dma_read_bytes += r.dma_read
         profile.dma_write_bytes += r.dma_write
         profile.dma_descriptors += r.dma_desc
-        for (file, line, opcode, engine), (cnt, el, mp, mf, dts, nms, ins) in r.sites.items():
-            key = (file, line, opcode, engine)
-            s = sites.get(key)
-            if s is None:
-                s = sites[key] = SiteStats(file, line, opcode, engine)
-            s.count += cnt
-            s.elements += el
-            s.max_partitions = max(s.max_partitions, mp)
-            s.max_free = max(s.max_free, mf)
-            s.dtypes = sorted(set(s.dtypes) | dts)
-            s.names = sorted(set(s.names) | nms)[:16]
-            if ins:
-                by_arg: dict[str, set] = {a: set(v) for a, v in s.input_dtypes.items()}
-                for pairs in ins:
-                    for arg, dtype in pairs:
-                        by_arg.setdefault(arg, set()).add(dtype)
-                s.input_dtypes = {a: sorted(v) for a, v in sorted(by_arg.items())}
-        for key, (cnt, nb, desc, parts, bpp, mx, rd, wr) in r.dmas.items():
-            d = dmas.get(key)
-            if d is None:
-                file, line, opcode, sb, db, sl, dl, q, dge, ind = key
-                d = dmas[key] = DmaStats(file, line, opcode, sb, db, sl, dl, q, dge, ind)
-            d.count += cnt
-            d.bytes += nb
-            d.descriptors += desc
-            d.partitions = max(d.partitions, parts)
-            d.bytes_per_partition = max(d.bytes_per_partition, bpp)
-            d.max_bytes = max(d.max_bytes, mx)
-            d.read_bytes += rd
-            d.write_bytes += wr
+        _merge_sites(r, sites)
+        _merge_dmas(r, dmas)
         for label, (kind, rd, wr) in r.hbm.items():
             t = profile.hbm_by_tensor.get(label)
             if t is None:
@@ -410,3 +382,42 @@ def merge(recorders: list[Recorder], profile: Profile) -> Profile:
     if traces:
         profile.trace = traces
     return profile
+
+
+def _merge_sites(r: Recorder, sites: dict[tuple, SiteStats]) -> None:
+    """Add one recorder's per-site instruction counters to ``sites`` (the same source line of every program
+    is one site: counts add up, sizes take the maximum, dtypes and names are unioned)."""
+    for (file, line, opcode, engine), (cnt, el, mp, mf, dts, nms, ins) in r.sites.items():
+        key = (file, line, opcode, engine)
+        s = sites.get(key)
+        if s is None:
+            s = sites[key] = SiteStats(file, line, opcode, engine)
+        s.count += cnt
+        s.elements += el
+        s.max_partitions = max(s.max_partitions, mp)
+        s.max_free = max(s.max_free, mf)
+        s.dtypes = sorted(set(s.dtypes) | dts)
+        s.names = sorted(set(s.names) | nms)[:16]
+        if ins:
+            by_arg: dict[str, set] = {a: set(v) for a, v in s.input_dtypes.items()}
+            for pairs in ins:
+                for arg, dtype in pairs:
+                    by_arg.setdefault(arg, set()).add(dtype)
+            s.input_dtypes = {a: sorted(v) for a, v in sorted(by_arg.items())}
+
+
+def _merge_dmas(r: Recorder, dmas: dict[tuple, DmaStats]) -> None:
+    """Add one recorder's per-site DMA counters to ``dmas`` (counts and bytes add up, sizes take the maximum)."""
+    for key, (cnt, nb, desc, parts, bpp, mx, rd, wr) in r.dmas.items():
+        d = dmas.get(key)
+        if d is None:
+            file, line, opcode, sb, db, sl, dl, q, dge, ind = key
+            d = dmas[key] = DmaStats(file, line, opcode, sb, db, sl, dl, q, dge, ind)
+        d.count += cnt
+        d.bytes += nb
+        d.descriptors += desc
+        d.partitions = max(d.partitions, parts)
+        d.bytes_per_partition = max(d.bytes_per_partition, bpp)
+        d.max_bytes = max(d.max_bytes, mx)
+        d.read_bytes += rd
+        d.write_bytes += wr

@@ -125,20 +125,7 @@ def op_costs(program: Any) -> list[OpCost]:
         refs = list(_refs(d.get("args", ()))) + list(_refs(d.get("kwargs", {})))
         if short in VIEW_OPS or not refs:
             continue  # metadata only, or a constant XLA folds (arange, zeros, scalar_tensor)
-        ins: list[tuple[str, int, int]] = []
-        crossing: list[bool] = []
-        weight = 0
-        for r in refs:
-            p = G.nodes.get(r.node, {})
-            crossing.append(p.get("kind") == "op")
-            shape, dtype = p.get("shape"), p.get("dtype")
-            if r.index is not None and isinstance(dtype, tuple):
-                shape, dtype = shape[r.index], dtype[r.index]
-            nb = _nbytes(shape, dtype)
-            kind = str(getattr(p.get("input_kind"), "value", p.get("input_kind") or ""))
-            ins.append((r.node, nb, max(1, min(128, _numel(shape)))))
-            if kind in ("weight", "buffer"):
-                weight += nb
+        ins, crossing, weight = _op_inputs(G, refs)
         shape, dtype = d.get("shape"), d.get("dtype")
         out_b = _nbytes(shape, dtype)
         numel = _numel(shape[0] if isinstance(dtype, tuple) else shape)
@@ -156,30 +143,56 @@ def op_costs(program: Any) -> list[OpCost]:
             consumed = False  # the write is to HBM state, a real DMA
             out_b = src
             numel = max(1, src // _ITEMSIZE.get(str(dtype), 4))
-        if short in MATMUL_OPS:
-            a_shape = G.nodes.get(refs[0].node, {}).get("shape") or ()
-            o = shape if isinstance(shape, tuple) else ()
-            K = int(a_shape[-1]) if a_shape else 1
-            N = int(o[-1]) if o else 1
-            M = int(o[-2]) if len(o) >= 2 else 1
-            batch = _numel(o[:-2]) if len(o) > 2 else 1
-            inst, free = _matmul_instructions(M, K, N, batch)
-            engine, parts = "tensor", 128
-        else:
-            engine = "scalar" if short in SCALAR_ENGINE_OPS else "vector"
-            elems = numel
-            if short in REDUCTIONS and refs:
-                src = G.nodes.get(refs[0].node, {})
-                elems = max(numel, _numel(src.get("shape")))  # a reduction streams its whole input
-            parts = max(1, min(128, elems))
-            per_part = math.ceil(elems / parts)
-            inst = max(1, math.ceil(per_part / TILE_FREE))
-            free = per_part / inst
-            if short in ("_softmax", "softmax"):
-                inst *= 3  # max, exp-with-sum, normalize
+        engine, inst, free, parts = _op_instructions(G, short, refs, shape, numel)
         out.append(OpCost(n, short, d.get("layer"), d.get("module"), engine, inst, free, parts, ins, out_b, weight,
                           dtypes, tuple(crossing), consumed))
     return out
+
+
+def _op_inputs(G: Any, refs: list) -> tuple[list[tuple[str, int, int]], list[bool], int]:
+    """Per input of an op: (node, bytes, partitions), whether it is another op's output (crosses a kernel
+    boundary), and the bytes of the weights and buffers it reads."""
+    ins: list[tuple[str, int, int]] = []
+    crossing: list[bool] = []
+    weight = 0
+    for r in refs:
+        p = G.nodes.get(r.node, {})
+        crossing.append(p.get("kind") == "op")
+        shape, dtype = p.get("shape"), p.get("dtype")
+        if r.index is not None and isinstance(dtype, tuple):
+            shape, dtype = shape[r.index], dtype[r.index]
+        nb = _nbytes(shape, dtype)
+        kind = str(getattr(p.get("input_kind"), "value", p.get("input_kind") or ""))
+        ins.append((r.node, nb, max(1, min(128, _numel(shape)))))
+        if kind in ("weight", "buffer"):
+            weight += nb
+    return ins, crossing, weight
+
+
+def _op_instructions(G: Any, short: str, refs: list, shape: Any, numel: int) -> tuple[str, int, float, int]:
+    """``(engine, instructions, free size, partitions)`` of one op: a matmul on the PE (the cheaper
+    stationary choice), anything else on the Vector or Scalar engine in tiles over up to 128 partitions."""
+    if short in MATMUL_OPS:
+        a_shape = G.nodes.get(refs[0].node, {}).get("shape") or ()
+        o = shape if isinstance(shape, tuple) else ()
+        K = int(a_shape[-1]) if a_shape else 1
+        N = int(o[-1]) if o else 1
+        M = int(o[-2]) if len(o) >= 2 else 1
+        batch = _numel(o[:-2]) if len(o) > 2 else 1
+        inst, free = _matmul_instructions(M, K, N, batch)
+        return "tensor", inst, free, 128
+    engine = "scalar" if short in SCALAR_ENGINE_OPS else "vector"
+    elems = numel
+    if short in REDUCTIONS and refs:
+        src = G.nodes.get(refs[0].node, {})
+        elems = max(numel, _numel(src.get("shape")))  # a reduction streams its whole input
+    parts = max(1, min(128, elems))
+    per_part = math.ceil(elems / parts)
+    inst = max(1, math.ceil(per_part / TILE_FREE))
+    free = per_part / inst
+    if short in ("_softmax", "softmax"):
+        inst *= 3  # max, exp-with-sum, normalize
+    return engine, inst, free, parts
 
 
 def op_works(costs: Iterable[OpCost], hw: HardwareParams, start_index: int = 0) -> list[Work]:

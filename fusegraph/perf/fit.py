@@ -186,13 +186,33 @@ def fit(view: KernelView, hw: HardwareParams, targets: Mapping[str, float], *,
             cache[key] = (f, figs)
         return cache[key]
 
+    u, best, best_figs, start_figs, step = _pattern_search(objective, u0, min_step, max_evaluations,
+                                                           lambda: len(cache))
+    values = {p: _from_unit(bounds[p], x) for p, x in zip(params, u)}
+    at_bound = [p for p, x in zip(params, u) if x <= 1e-9 or x >= 1 - 1e-9]
+    log.info("fit: %d evaluations, objective %.4g, values %s", len(cache), best, values)
+    if step >= min_step:
+        log.warning("fit: stopped after %d evaluations before converging (step %.3g)", len(cache), step)
+    return FitResult(values, start, bounds, dict(targets), best_figs, start_figs, len(cache), best, at_bound,
+                     dict(sources or {}), step < min_step)
+
+
+def _pattern_search(objective: Callable[[Sequence[float]], tuple[float, dict[str, float]]], u0: Sequence[float],
+                    min_step: float, max_evaluations: int,
+                    evaluations: Callable[[], int]) -> tuple[list[float], float, dict[str, float], dict[str, float],
+                                                             float]:
+    """Bounded coordinate pattern search in unit coordinates from ``u0``: each coordinate tried one step up and
+    down (clipped to [0, 1]), the first improving move taken, the step halved when none improves, until
+    ``min_step`` or ``max_evaluations`` (``evaluations()``: distinct points costed so far).
+
+    Returns ``(u, objective, figures at u, figures at u0, final step)``."""
     u = list(u0)
     best, best_figs = objective(u)
     start_figs = best_figs
     step = 0.25
-    while step >= min_step and len(cache) < max_evaluations:
+    while step >= min_step and evaluations() < max_evaluations:
         improved = False
-        for j in range(len(params)):
+        for j in range(len(u)):
             for sign in (1.0, -1.0):
                 trial = list(u)
                 trial[j] = min(1.0, max(0.0, u[j] + sign * step))
@@ -202,17 +222,11 @@ def fit(view: KernelView, hw: HardwareParams, targets: Mapping[str, float], *,
                 if f < best - 1e-12:
                     u, best, best_figs, improved = trial, f, figs, True
                     break
-            if len(cache) >= max_evaluations:
+            if evaluations() >= max_evaluations:
                 break
         if not improved:
             step /= 2
-    values = {p: _from_unit(bounds[p], x) for p, x in zip(params, u)}
-    at_bound = [p for p, x in zip(params, u) if x <= 1e-9 or x >= 1 - 1e-9]
-    log.info("fit: %d evaluations, objective %.4g, values %s", len(cache), best, values)
-    if step >= min_step:
-        log.warning("fit: stopped after %d evaluations before converging (step %.3g)", len(cache), step)
-    return FitResult(values, start, bounds, dict(targets), best_figs, start_figs, len(cache), best, at_bound,
-                     dict(sources or {}), step < min_step)
+    return u, best, best_figs, start_figs, step
 
 
 @dataclass

@@ -305,6 +305,28 @@ def build_view(source: str, profile: Any, filename: str | None = None, kernel: s
     for ln in lines:
         ln.file = filename
     by_line: dict[int, KernelLine] = {ln.line: ln for ln in lines}
+    unmatched, other = _attach_sites(sites, by_line, filename)
+    _attach_dmas(dmas, prof, by_line, filename)
+    executed = [ln for ln in lines if ln.sites or ln.dmas]
+    new_allocs = _executed_allocs(lines, allocs)
+    for i, ln in enumerate(executed):
+        ln.index = i
+    if unmatched:
+        log.info("%d profile sites of %s are not nisa calls of the kernel source", unmatched, filename)
+    if other:
+        log.warning(
+            "the kernel ran %d instructions from %d other file(s) (%s); this line view covers %s only -- use "
+            "kernelview.file_lines or view_from_trace (run with trace=True) for a kernel split across files",
+            sum(other.values()), len(other), ", ".join(sorted(other)[:3]), filename,
+        )
+    return KernelView(executed, buffers, dict(new_allocs), filename, unmatched, dict(other),
+                      hardware_loops(source, kernel))
+
+
+def _attach_sites(sites: list[dict[str, Any]], by_line: dict[int, KernelLine],
+                  filename: str) -> tuple[int, dict[str, int]]:
+    """Give each source line the profile sites of the kernel file on it; the sites on no ``nisa`` line and the
+    instructions counted in other files (both reported, not viewed)."""
     unmatched = 0
     other: dict[str, int] = defaultdict(int)
     for s in sites:
@@ -316,8 +338,15 @@ def build_view(source: str, profile: Any, filename: str | None = None, kernel: s
             unmatched += 1
             continue
         ln.sites.append(s)
-    # a generated kernel's nki.collectives calls: the aggregate DMA of the call site (queue "cc") carries the
-    # call's collective record (per call), as a traced DMA does, so the cost model charges the ring, not a DMA
+    return unmatched, other
+
+
+def _attach_dmas(dmas: list[dict[str, Any]], prof: dict[str, Any], by_line: dict[int, KernelLine],
+                 filename: str) -> None:
+    """Give each source line the profile DMAs of the kernel file on it.
+
+    A generated kernel's nki.collectives calls: the aggregate DMA of the call site (queue "cc") carries the
+    call's collective record (per call), as a traced DMA does, so the cost model charges the ring, not a DMA."""
     colls = {(c["file"], c["line"]): c for c in prof.get("collectives", []) if c.get("program", 0) == 0}
     for d in dmas:
         if d["file"] != filename:
@@ -332,8 +361,11 @@ def build_view(source: str, profile: Any, filename: str | None = None, kernel: s
         ln = by_line.get(d["line"])
         if ln is not None:
             ln.dmas.append(d)
-    executed = [ln for ln in lines if ln.sites or ln.dmas]
-    # renumber, keeping allocation events attached to the next executed line
+
+
+def _executed_allocs(lines: list[KernelLine], allocs: dict[int, list]) -> dict[int, list]:
+    """The allocation events renumbered for the executed lines only: an event before a line the run never
+    executed moves to the next executed line."""
     remap: dict[int, int] = {}
     new_allocs: dict[int, list] = defaultdict(list)
     carry: list = []
@@ -344,18 +376,7 @@ def build_view(source: str, profile: Any, filename: str | None = None, kernel: s
             if carry:
                 new_allocs[remap[ln.index]].extend(carry)
                 carry = []
-    for i, ln in enumerate(executed):
-        ln.index = i
-    if unmatched:
-        log.info("%d profile sites of %s are not nisa calls of the kernel source", unmatched, filename)
-    if other:
-        log.warning(
-            "the kernel ran %d instructions from %d other file(s) (%s); this line view covers %s only -- use "
-            "kernelview.file_lines or view_from_trace (run with trace=True) for a kernel split across files",
-            sum(other.values()), len(other), ", ".join(sorted(other)[:3]), filename,
-        )
-    return KernelView(executed, buffers, dict(new_allocs), filename, unmatched, dict(other),
-                      hardware_loops(source, kernel))
+    return new_allocs
 
 
 def hardware_loops(source: str, kernel: str | None = None) -> frozenset[int]:

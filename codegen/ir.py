@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 
 from .errors import CodegenError
+from .registry import instruction_class
 
 if TYPE_CHECKING:  # pragma: no cover
     from .emitters import Context, Emitted
@@ -207,10 +208,10 @@ class KernelProgram:
 
 
 def __getattr__(name: str) -> Any:
-    # the built-in instruction classes live in codegen/ops (one module per op); ``ir.RMSNorm`` stays valid
-    from .registry import instruction_class
-
-    cls = instruction_class(name)
+    """``ir.RMSNorm`` etc.: the instruction classes live with their op (one folder per op in fusegraph.patterns)
+    and register by name; this resolves them for kernels built by hand (tests, examples). Only class-like names
+    are looked up: the import system probes dunders (``__path__``) while ops are still importing this module."""
+    cls = instruction_class(name) if name[:1].isupper() else None
     if cls is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return cls

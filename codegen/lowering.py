@@ -26,7 +26,9 @@ from fusegraph.warnings import one_line as _one_line
 
 from . import ir
 from .errors import CodegenError
-from .registry import host_side_templates, lowering_for
+from .io import Guard, Load, Store
+from .registry import body_lowering, host_side_templates, lowering_for
+from .registry import supported_templates as registry_supported_templates
 from .schedule import kv_first
 
 V = ir.ValueKind
@@ -75,9 +77,7 @@ class Lowered:
 
 
 def supported_templates() -> set[str]:
-    from .registry import supported_templates as _supported
-
-    return _supported()
+    return registry_supported_templates()
 
 
 def _dtype(name: str | None) -> torch.dtype:
@@ -249,8 +249,6 @@ class Lowerer:
 
     def act(self, nid: str, views: tuple[str, ...] = ()) -> ir.Value:
         """The activation a match reads: produced in the kernel, or loaded from a value computed outside."""
-        from .ops.io import Load
-
         for cand in (nid, *reversed(views), *self._view_chain(nid)):
             cand = self.aliases.get(cand, cand)
             if cand in self.values:
@@ -313,7 +311,7 @@ class Lowerer:
 
     def guard(self, flag: ir.Value, reason: str) -> None:
         """Store ``flag`` ([T, 1] fp32, ROUTING) as a guard output: a set flag has the executor recompute the
-        step eagerly (see :class:`~.ops.io.Guard`)."""
+        step eagerly (see :class:`~.io.Guard`)."""
         self.guards.append((flag, reason))
 
     def alias(self, node: str, to: str) -> None:
@@ -321,16 +319,10 @@ class Lowerer:
         self.aliases[node] = to
 
 
-_Lowerer = Lowerer  # the historical name
-
-
 # ---- entry point -------------------------------------------------------------------------------------------
 def lower_region(program: Any, region: Any, tokens: int, name: str = "fusegraph_step") -> Lowered:
     """Lower ``region`` (a matching Region) of ``program``; raise :class:`CodegenError` when it cannot be (with
     ``error.match`` set when one match is the cause)."""
-    from .ops.generic import lower_body
-    from .ops.io import Guard, Store
-
     L = Lowerer(program, region, tokens, name)
     G = program.graph
     # dependency order: a match's outputs come after the outputs of every match it reads from
@@ -338,7 +330,7 @@ def lower_region(program: Any, region: Any, tokens: int, name: str = "fusegraph_
     for m in ordered:
         low = lowering_for(m.pattern.template)
         try:
-            (low.lower if low is not None else lower_body)(L, m)
+            (low if low is not None else body_lowering()).lower(L, m)
         except CodegenError as e:
             if e.match is None:
                 e.match = m

@@ -30,9 +30,10 @@ from .emitters import Context
 from .errors import CodegenError
 from .ir import assign_names
 from .layout import Layout
-from .ops.io import Store
+from .io import Store
 from .plan import Budget, live_activation_peak, plan_layouts, sbuf_budget
-from .render import nl_dtype, render, templates_hash
+from .registry import templates_hash
+from .render import nl_dtype, render
 from .stream import ChunkUse, CriticalEnd, resolve
 
 KIB = 1024

@@ -22,6 +22,9 @@ its reason, instead of sending its whole region to the eager path at codegen tim
 """
 from __future__ import annotations
 
+import hashlib
+import importlib
+import importlib.util
 import inspect
 import logging
 import threading
@@ -30,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from . import render
+from .contract import check_contract
 from .errors import CodegenError
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,7 @@ class Lowering:
     instructions: tuple[type, ...] = ()
     template_dir: Path | None = None
     source: str = ""  # the module that registered it
+    patterns: tuple[Any, ...] = ()  # the pattern objects it was registered with (the typed contract)
 
     def refusal(self, match: Any, graph: Any, tokens: int | None) -> str | None:
         """Why this lowering cannot take ``match`` (None: it can, as far as a match-local check tells)."""
@@ -74,30 +80,81 @@ def ensure_builtins() -> None:
     with _LOCK:
         if not _BUILTINS_LOADED:
             _BUILTINS_LOADED = True
-            from . import ops  # noqa: F401  (registration)
+            # by name, not by import statement: the built-in ops import this module (they register here exactly
+            # like a plugin does), so the core never depends on them; the generic (body) lowering is core
+            for name in BUILTIN_MODULES:
+                importlib.import_module(name)
 
 
-def register_lowering(*templates: str, host_side: bool = False,
+#: what :func:`ensure_builtins` imports: the core's generic lowering, then the built-in op folders
+BUILTIN_MODULES = ("fusegraph.codegen.elementwise", "fusegraph.codegen.ops", "fusegraph.patterns")
+_BODY: list[Lowering] = []  # the lowering of a match whose template has no lowering (its traced body)
+_SERVICES: dict[str, Callable[..., Any]] = {}
+
+
+def register_body_lowering(lower: Callable[[Any, Any], None], *, tokens: Callable[[Any, Any], int | None],
+                           check: Callable[[Any, Any, int | None], CheckResult]) -> None:
+    """Register what lowers a match whose template has no lowering (the core's generic body lowering registers
+    itself here, so the registry, the region lowering and the lowerability check need not import it)."""
+    with _LOCK:
+        _BODY[:] = [Lowering(templates=(), lower=lower, tokens=tokens, check=check,
+                             source=getattr(lower, "__module__", "") or "")]
+
+
+def body_lowering() -> Lowering:
+    """The generic lowering of a match's traced body (see :func:`register_body_lowering`)."""
+    ensure_builtins()
+    if not _BODY:
+        raise CodegenError("no body lowering is registered (fusegraph.codegen.elementwise did not load)")
+    return _BODY[0]
+
+
+def provide(service: str, fn: Callable[..., Any]) -> None:
+    """An op offers ``fn`` as ``service`` to the core's generic lowering, which names what it needs ("projection":
+    a matmul of an activation by a weight), never the op that provides it."""
+    with _LOCK:
+        _SERVICES[service] = fn
+
+
+def service(name: str) -> Callable[..., Any]:
+    """The function an op provides as ``name``; raises :class:`CodegenError` when no loaded op provides it."""
+    ensure_builtins()
+    fn = _SERVICES.get(name)
+    if fn is None:
+        raise CodegenError(f"no loaded op provides {name!r}")
+    return fn
+
+
+def register_lowering(*targets: Any, host_side: bool = False,
                       tokens: Callable[[Any, Any], int | None] | None = None,
                       check: Callable[[Any, Any, int | None], CheckResult] | None = None,
                       template_dir: str | Path | None = None, instructions: Iterable[type] = (),
                       replace: bool = False) -> Callable[[Callable], Callable]:
-    """Decorator: register ``lower(L, match)`` for the pattern templates ``templates`` (see the module doc).
+    """Decorator: register ``lower(L, match)`` for ``targets``: the pattern objects it lowers (their templates;
+    the names the lowering, ``check`` and ``tokens`` read from a match are checked against what the patterns
+    declare, now, by :func:`~.contract.check_contract`) or bare template names (not checked; see the module doc).
 
     A template already lowered by another module is kept (one warning) unless ``replace=True``; the same module
     registering again (a plugin re-imported) replaces its own entry. Returns the function unchanged, so several
     decorators may stack on one function (with different ``tokens``/``check`` per template)."""
-    if not templates:
-        raise TypeError("register_lowering needs at least one template name")
+    if not targets:
+        raise TypeError("register_lowering needs at least one pattern (or template name)")
+    patterns = [t for t in targets if not isinstance(t, str)]
+    bad = [t for t in patterns if not isinstance(getattr(t, "template", None), str) or not t.template]
+    if bad:
+        raise TypeError(f"register_lowering takes patterns (with a template) or template names, not {bad[0]!r}")
+    templates = tuple(dict.fromkeys(t if isinstance(t, str) else t.template for t in targets))
     if template_dir is not None:
         add_template_dir(template_dir)
     classes = tuple(instructions)
 
     def deco(fn: Callable) -> Callable:
         source = getattr(fn, "__module__", "") or ""
+        if patterns:  # the typed contract: what the lowering reads, checked now (at import), not per decode step
+            check_contract((fn, check, tokens), patterns)
         entry = Lowering(templates=tuple(templates), lower=fn, host_side=host_side, tokens=tokens, check=check,
                          instructions=classes, template_dir=Path(template_dir) if template_dir else None,
-                         source=source)
+                         source=source, patterns=tuple(patterns))
         with _LOCK:
             for t in templates:
                 old = _LOWERINGS.get(t)
@@ -176,12 +233,10 @@ def step_tokens(matches: Iterable[Any], graph: Any) -> int:
     """Tokens per step (the batch of a decode step), from the first match whose lowering sizes it (``tokens=``; a
     match lowered from its body: its first activation input); raises :class:`CodegenError` when none does or the
     step is not a one-position decode step."""
-    from .ops.generic import body_tokens
-
     matches = list(matches)
     for m in matches:
         low = lowering_for(m.pattern.template)
-        sizer = body_tokens if low is None else low.tokens  # a match lowered from its body sizes it from its input
+        sizer = (body_lowering() if low is None else low).tokens  # a match lowered from its body sizes it from its input
         t = sizer(m, graph) if sizer is not None else None
         if t is not None:
             return int(t)
@@ -227,9 +282,7 @@ def check(match: Any, program: Any) -> str | None:
             from fusegraph.warnings import one_line
 
             return f"the lowering's check raised {one_line(e)}"
-    from .ops.generic import body_refusal
-
-    why = body_refusal(match, graph, tokens)
+    why = body_lowering().refusal(match, graph, tokens)
     if why is None:
         return None
     return (f"no lowering is registered for template {match.pattern.template!r} and its body cannot be lowered "
@@ -238,9 +291,32 @@ def check(match: Any, program: Any) -> str | None:
 
 def add_template_dir(path: str | Path) -> None:
     """Add a directory of Jinja2 templates to the search path (built-in directories are searched first)."""
-    from .render import add_template_dir as _add
+    render.add_template_dir(Path(path))
 
-    _add(Path(path))
+
+def templates_hash() -> str:
+    """Hash of every template file of the search path, the codegen modules, the built-in op folders and the
+    plugins' lowering code: part of the kernel cache key (a template or lowering change invalidates the cache)."""
+    h = hashlib.sha256()
+    for d in render.template_dirs():
+        for p in sorted(d.glob("*.j2")):
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    roots = [render.CODEGEN_DIR] + builtin_op_dirs()
+    for root in roots:
+        for p in sorted(root.rglob("*.py")):
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+    for p in lowering_sources():
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def builtin_op_dirs() -> list[Path]:
+    """The folders of the built-in ops (``fusegraph.patterns``, found by name: the core does not import them)."""
+    spec = importlib.util.find_spec("fusegraph.patterns")
+    return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
 
 
 def lowering_sources() -> list[Path]:
@@ -260,5 +336,5 @@ def lowering_sources() -> list[Path]:
 
 __all__ = ["Lowering", "add_template_dir", "check", "ensure_builtins", "host_side_templates", "instruction_class",
            "instruction_classes", "is_host_side", "lowering_for", "lowering_sources", "lowerings",
-           "register_instruction", "register_lowering", "step_tokens", "supported_templates", "tokens_hint",
+           "register_instruction", "register_lowering", "step_tokens", "templates_hash", "supported_templates", "tokens_hint",
            "unregister_lowering"]

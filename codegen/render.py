@@ -3,8 +3,8 @@
 The kernel's frame (header, signature, weight-chunk DMAs) lives in ``codegen/templates``; each built-in op's
 templates live next to it in ``codegen/ops/templates``; a plugin adds its own directory
 (:func:`add_template_dir`, or ``register_lowering(..., template_dir=...)``). Built-in directories are searched
-first, so a plugin cannot silently replace a built-in template. :func:`templates_hash` covers every directory
-and the code of every lowering, so the kernel cache follows a plugin's templates and code too.
+first, so a plugin cannot silently replace a built-in template. :func:`fusegraph.codegen.registry.templates_hash` covers every
+directory and the code of every lowering, so the kernel cache follows a plugin's templates and code too.
 """
 from __future__ import annotations
 
@@ -99,22 +99,3 @@ def nl_dtype(dtype: torch.dtype) -> str:
         from .errors import CodegenError
 
         raise CodegenError(f"dtype {dtype} has no NKI equivalent in the templates") from None
-
-
-def templates_hash() -> str:
-    """Hash of every template file of the search path, the codegen modules and the plugins' lowering code: part
-    of the kernel cache key (a template or lowering change invalidates the cache)."""
-    from .registry import lowering_sources
-
-    h = hashlib.sha256()
-    for d in template_dirs():
-        for p in sorted(d.glob("*.j2")):
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
-    for p in sorted(CODEGEN_DIR.rglob("*.py")):
-        h.update(str(p.relative_to(CODEGEN_DIR)).encode())
-        h.update(p.read_bytes())
-    for p in lowering_sources():
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from . import ir, reference
+from .io import Load, Store
 from .megakernel import GeneratedKernel, generate
 from .runtime import InterpretedKernel
 
@@ -44,12 +45,10 @@ class Builder:
         return v
 
     def act(self, name: str, x: torch.Tensor) -> ir.Value:
-        """An activation [T, F] whose value is x (via an embedding of x's rows)."""
-        from .ops.embedding import Embed
-
-        table = self.hbm(f"tbl_{name}", x.clone())
+        """An activation [T, F] whose value is x (an input of the kernel, loaded to SBUF)."""
+        src = self.hbm(f"in_{name}", x.clone(), V.INPUT)
         v = ir.Value(name, V.ACT, tuple(x.shape), x.dtype)
-        self.ins.append(Embed(ids=self.ids, table=table, out=v))
+        self.ins.append(Load(src=src, out=v))
         return v
 
     def new(self, name: str, features: int, dtype: torch.dtype, kind: str = V.ACT) -> ir.Value:
@@ -58,8 +57,6 @@ class Builder:
 
     def store(self, v: ir.Value) -> ir.Value:
         """Store ``v`` to a kernel output ``out_<name>``."""
-        from .ops.io import Store
-
         out = ir.Value(f"out_{v.name}", V.OUTPUT, v.shape, v.dtype)
         self.ins.append(Store(x=v, dst=out))
         self.outputs.append(out)

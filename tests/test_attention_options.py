@@ -87,7 +87,7 @@ def test_a_warm_cache_misses_for_other_switches(tmp_path, monkeypatch):
     """Built with the defaults (single-pass attention: the tiny cache is short), then with every cache streamed
     (attn_stream_above=128): a miss with the streamed kernel, not the cached single-pass one; each right; then each
     setting hits its own entry."""
-    monkeypatch.setattr("fusegraph.codegen.render.templates_hash", lambda: "pinned-by-test_attention_options")
+    monkeypatch.setattr("fusegraph.codegen.registry.templates_hash", lambda: "pinned-by-test_attention_options")
     cache = tmp_path / "cache"
     rel, plans, fg = _run(cache)
     assert rel <= 1e-4 and [p.cache_hit for p in plans] == [False] and not fg

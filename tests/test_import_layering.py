@@ -30,8 +30,9 @@ LAYERS: list[set[str]] = [
     {"settings", "warnings", "nkiapi", "securefiles"},
     {"program", "nkisim"},
     {"capture", "models", "stablehlo"},
-    {"matching", "patterns"},
+    {"matching"},
     {"codegen"},
+    {"patterns"},  # the built-in ops: patterns and their lowerings, on the public codegen API (fusegraph.codegen.api)
     {"perf", "llm"},
     {"executors"},
     {"report"},
@@ -177,3 +178,80 @@ def test_no_private_name_imported_from_another_package() -> None:
            and ((i.name is not None and _private(i.name)) or any(_private(p) for p in i.module.split(".")))]
     assert not bad, "private names imported across packages (make them public where they are defined):\n" + \
         "\n".join(f"  {i.src} -> {i.dst}  {i}" for i in bad)
+
+
+def _module_graph(package: str) -> tuple[nx.DiGraph, dict[tuple[str, str], list[Import]]]:
+    """Module-level graph inside ``package`` (``fusegraph.codegen``): every import of one of its modules by
+    another, at module level or inside a function (``from . import ir`` counts as an import of ``.ir``)."""
+    edges: dict[tuple[str, str], list[Import]] = defaultdict(list)
+    top = {v: k for k, v in TREES.items()}.get(package)
+    if top is None:
+        top = package.split(".", 1)[1].replace(".", "/")
+    for path in sorted((ROOT / top).rglob("*.py")):
+        module, is_pkg = _module_of(path)
+        here = module.split(".") if is_pkg else module.split(".")[:-1]
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If) and _is_type_checking(b.test)
+                       for stmt in b.body for n in ast.walk(stmt)}  # annotations only: never executed
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here[: len(here) - node.level + 1]) if node.level else ""
+                mod = ".".join(p for p in (base, node.module or "") if p)
+                sub = [f"{mod}.{a.name}" for a in node.names]
+                targets = [t for t in sub if _is_module(t)] or [mod]
+            else:
+                continue
+            for t in targets:
+                if t.startswith(package + ".") and t != module:
+                    edges[(module, t)].append(Import(module, t, t, None, where))
+    g = nx.DiGraph()
+    g.add_edges_from(edges)
+    return g, dict(edges)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _is_module(name: str) -> bool:
+    parts = name.split(".")
+    if parts[:1] != ["fusegraph"] or len(parts) < 2:
+        return False
+    top = parts[1] if parts[1] in ("codegen", "patterns") else "fusegraph"
+    rel = parts[2:] if top != "fusegraph" else parts[1:]
+    base = ROOT / top / Path(*rel) if rel else ROOT / top
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def test_no_module_cycle_inside_codegen() -> None:
+    """Inside the codegen core, modules import one way too: no cycle, not even one closed by a function-level
+    import (the built-in ops are imported by name, ``registry.BUILTIN_MODULES``, and import only the core)."""
+    g, edges = _module_graph("fusegraph.codegen")
+    assert g.number_of_edges() > 20  # the scan sees the core's imports
+    cycles = [c for c in nx.strongly_connected_components(g) if len(c) > 1]
+    msg = []
+    for comp in cycles:
+        cycle = nx.find_cycle(g.subgraph(comp))
+        msg.append(f"module cycle {' -> '.join([a for a, _ in cycle] + [cycle[0][0]])}:\n"
+                   + "\n".join(f"      {imp.where}: {a} imports {b}" for a, b in cycle for imp in edges[(a, b)]))
+    assert not msg, "\n".join(msg)
+
+
+def test_ops_use_only_the_public_codegen_api() -> None:
+    """A built-in op imports ``fusegraph.codegen.api`` and nothing else of codegen, exactly what a plugin may."""
+    bad = [i for i in scan() if i.src == "patterns" and i.dst == "codegen" and i.module != "fusegraph.codegen.api"]
+    assert not bad, "ops importing codegen internals (export what they need from fusegraph.codegen.api):\n" + \
+        "\n".join(f"  {i}" for i in bad)
+
+
+def test_the_core_names_no_op() -> None:
+    """Nothing below or beside the ops imports one (the executors, the report, the CLI reach ops through the
+    registry); the op folders import each other only where one op builds on another."""
+    bad = [i for i in scan() if i.dst == "patterns" and i.src != "patterns"]
+    assert not bad, "modules outside the op folders importing an op:\n" + "\n".join(f"  {i}" for i in bad)

@@ -43,7 +43,7 @@ def _user_config(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _pinned_templates_hash(monkeypatch):
     """Others edit codegen while suites run; a key must not move between two compiles of one test."""
-    monkeypatch.setattr("fusegraph.codegen.render.templates_hash", lambda: "pinned-by-test_kernel_cache")
+    monkeypatch.setattr("fusegraph.codegen.registry.templates_hash", lambda: "pinned-by-test_kernel_cache")
 
 
 def _fresh() -> None:
@@ -139,7 +139,7 @@ def pristine(tmp_path_factory):
     """One good cache directory per module: the MODEL entry, the OTHER model's entry, the traced patterns."""
     root = tmp_path_factory.mktemp("pristine")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("fusegraph.codegen.render.templates_hash", lambda: "pinned-by-test_kernel_cache")
+        mp.setattr("fusegraph.codegen.registry.templates_hash", lambda: "pinned-by-test_kernel_cache")
         other = _run(root / "other", OTHER)
         main = _run(root / "main", MODEL)
     _fresh()
@@ -403,8 +403,8 @@ _PROCESS = textwrap.dedent("""
     from fusegraph import FusegraphWarning
     from fusegraph.capture.session import last_session
     from fusegraph.models import build_decode
-    import fusegraph.codegen.render as render
-    render.templates_hash = lambda: "pinned-by-test_kernel_cache"
+    import fusegraph.codegen.registry as registry
+    registry.templates_hash = lambda: "pinned-by-test_kernel_cache"
     cache, batches = sys.argv[1], [int(b) for b in sys.argv[2].split(",")]
     def step(model, kv, tok, pos):
         return model(input_ids=tok, cache=kv, position_ids=pos, use_cache=True).logits

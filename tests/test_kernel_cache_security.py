@@ -46,7 +46,7 @@ def _user_config(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _pinned_templates_hash(monkeypatch):
-    monkeypatch.setattr("fusegraph.codegen.render.templates_hash", lambda: "pinned-by-test_kernel_cache_security")
+    monkeypatch.setattr("fusegraph.codegen.registry.templates_hash", lambda: "pinned-by-test_kernel_cache_security")
 
 
 def _step(model, kv, tok, pos):
@@ -84,7 +84,7 @@ def _run(cache: Path, steps: int = 1, **options):
 def pristine(tmp_path_factory, _user_config):
     root = tmp_path_factory.mktemp("pristine") / "cache"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("fusegraph.codegen.render.templates_hash", lambda: "pinned-by-test_kernel_cache_security")
+        mp.setattr("fusegraph.codegen.registry.templates_hash", lambda: "pinned-by-test_kernel_cache_security")
         rel, plans, by, warned = _run(root)
     assert by == ["nkisim"] and rel <= TOL and not warned, (by, rel, warned)
     return root

@@ -151,7 +151,7 @@ def cache_key(program_ir: Any, target: str, settings: Settings, region: Any) -> 
     """Key over what decides the kernel's source: its instructions (shapes, dtypes, constants), the target, the
     streaming settings, the templates and codegen modules, the patterns' code, the fusegraph version and the entry
     format. Not the kernel's name: the same kernel in graph 0 or graph 1 (a recompile) is one entry."""
-    from ..codegen.render import templates_hash
+    from ..codegen.registry import templates_hash
 
     h = hashlib.sha256()
     h.update(f"format={CACHE_FORMAT};fusegraph={_version()};".encode())

@@ -7,7 +7,7 @@ eager by design and never offered.
 
 Order (:func:`plan_inline`, before any kernel is built): regions form; the ops left between and around them
 become island candidates; the writer runs (its cache makes a second compile free); each accepted island becomes
-an ``llm_island`` match (lowered by ``codegen/ops/llm_island.py``) and regions form again, so the island sits
+an ``llm_island`` match (lowered by the ``llm_island`` op, ``patterns/llm_island/``) and regions form again, so the island sits
 *inside* the megakernel and the step stays one launch. Islands that end up in no kernel (nothing to fuse them
 with, or their kernel build refused them) and ops a failed build left on the eager path (:func:`write_islands`,
 after the kernels are planned) keep the older path: the accepted kernel runs only in the writer's isolated,
@@ -256,7 +256,7 @@ def _recheck(task: Any) -> Any:
 
 def island_match(program: Program, cv: Any, island: Island, match_id: int) -> Any:
     """An accepted island as an ``llm_island`` match over the canonical view (like generic pieces)."""
-    from ..codegen.ops.llm_island import InlineSource
+    from ..codegen.inline_source import InlineSource
     from ..matching.results import Match
 
     G = program.graph

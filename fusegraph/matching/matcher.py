@@ -362,7 +362,11 @@ def run_check(c: Candidate, cv: CanonicalView, disabled: dict[str, str], quiet: 
             if isinstance(ok, str):
                 return f"check: {ok}"
         if p.derive is not None:
-            c.params.update(dict(p.derive(ctx) or {}))
+            derived = dict(p.derive(ctx) or {})
+            undeclared = sorted(set(derived) - set(p.derived)) if p.derived else []
+            if undeclared:  # the names a lowering was checked against at import must be the ones it gets
+                raise ValueError(f"derive returned params {undeclared} the pattern does not declare in derived=")
+            c.params.update(derived)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - a plugin's bug (even a SystemExit) must not break the compile

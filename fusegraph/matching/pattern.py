@@ -35,6 +35,7 @@ from .activations import slot_options
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "fusegraph.patterns"
+BUILTIN_PACKAGE = "fusegraph.patterns"  # the built-in op folders
 _NAME = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)+$")
 
 
@@ -106,6 +107,8 @@ class Pattern:
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     check: Callable[["Any"], CheckResult] | None = None
     derive: Callable[["Any"], Mapping[str, Any]] | None = None
+    #: the param names ``derive`` adds (declared so a lowering's reads are checked when it is imported)
+    derived: tuple[str, ...] = ()
     reference: Callable[..., Any] | None = None
     description: str = ""
     #: the report block a match belongs to when its module path does not say: "embedding", "prologue" (computed
@@ -213,6 +216,8 @@ class PatternRegistry:
         with self._lock:
             if self._current_source is not None and pattern.source == "user":
                 pattern.source = self._current_source
+            elif pattern.source == "user" and (getattr(pattern.fn, "__module__", None) or "").startswith(f"{BUILTIN_PACKAGE}."):
+                pattern.source = "fusegraph"  # a built-in op folder imported first by codegen (its lowering)
             old = self._patterns.get(pattern.name)
             if old is not None and old is not pattern and not replace:
                 warn(f"pattern {pattern.name!r} from {pattern.source} ignored: the name is already registered by "
@@ -244,7 +249,7 @@ class PatternRegistry:
         with self._lock:
             if not self._builtins_loaded:
                 self._builtins_loaded = True
-                self._load_module("fusegraph.patterns", source="fusegraph")
+                self._load_module(BUILTIN_PACKAGE, source="fusegraph")
             if not self._plugins_loaded:
                 self._plugins_loaded = True
                 self.load_entry_points()

@@ -185,7 +185,7 @@ def test_split_head_kv_write_and_attention(dtype, L, D):
     assert not torch.equal(kern["k_cache"], b.tensors["k_cache"])  # written in place
     # and against the formula in fp32 (the reference VM is not the only judge)
     B, Hq = 2, 4
-    q = b.tensors["tbl_q"].float().reshape(B, Hq, 1, D)
+    q = b.tensors["in_q"].float().reshape(B, Hq, 1, D)
     k = ref["k_cache"].float().repeat_interleave(2, dim=1)
     v = ref["v_cache"].float().repeat_interleave(2, dim=1)
     s = q @ k.transpose(2, 3) * D ** -0.5 + b.tensors["mask"].float().reshape(B, 1, 1, L)

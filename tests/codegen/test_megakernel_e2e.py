@@ -211,6 +211,6 @@ def test_cache_key_follows_patterns_templates_and_target(monkeypatch):
     assert cache_key(prog, "trn2", s, R([M(Pat("p.a", lambda v: v * 2))])) != base  # plugin code changed
     assert cache_key(prog, "trn3", s, R([M(Pat("p.a", lambda v: v + 1))])) != base
     assert cache_key(prog, "trn2", s.replace(weight_buffers=6), R([M(Pat("p.a", lambda v: v + 1))])) != base
-    monkeypatch.setattr("fusegraph.codegen.render.templates_hash", lambda: "changed")
+    monkeypatch.setattr("fusegraph.codegen.registry.templates_hash", lambda: "changed")
     assert cache_key(prog, "trn2", s, R([M(Pat("p.a", lambda v: v + 1))])) != base
 

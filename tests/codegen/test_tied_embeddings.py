@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from fusegraph.codegen.errors import CodegenError
-from fusegraph.codegen.ops.embedding import Embed
-from fusegraph.codegen.ops.linear import Linear
+from fusegraph.patterns.embedding.lowering import Embed
+from fusegraph.patterns.linear.lowering import Linear
 from fusegraph.codegen.testing import Builder, V
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "matching"))

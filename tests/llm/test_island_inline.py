@@ -14,7 +14,8 @@ import torch
 from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
 from fusegraph.codegen.errors import CodegenError
-from fusegraph.codegen.ops.llm_island import InlineSource, recheck_source, sub_function
+from fusegraph.codegen.api import InlineSource
+from fusegraph.patterns.llm_island.lowering import recheck_source, sub_function
 from fusegraph.llm.harness import parse, static_checks
 from fusegraph.llm.safety import check_safety
 from fusegraph.models import build_decode, greedy_decode

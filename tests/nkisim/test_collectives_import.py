@@ -15,7 +15,7 @@ import torch
 
 from fusegraph import nkisim
 from fusegraph.codegen.megakernel import generate
-from fusegraph.codegen.ops.collective import AllReduce
+from fusegraph.patterns.collectives.lowering import AllReduce
 from fusegraph.codegen.testing import Builder
 from fusegraph.nkisim import load_kernel_source
 

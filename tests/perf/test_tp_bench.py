@@ -132,8 +132,8 @@ def test_gathered_logits_store_is_contiguous_and_lm_head_has_128_partitions(rank
     128 output partitions (one matmul per 128 vocabulary rows and K chunk, not per 125), and its logits gather
     stores the HBM output itself from partition-major blocks: one descriptor per (partition, rank) of each piece,
     not one per element as from the chunk-major gathered tile (1000 descriptors)."""
-    from fusegraph.codegen.ops.collective import AllGather
-    from fusegraph.codegen.ops.linear import Linear
+    from fusegraph.patterns.collectives.lowering import AllGather
+    from fusegraph.patterns.linear.lowering import Linear
 
     _, _, kernels, _, _ = rank
     k = kernels[0]

@@ -58,7 +58,7 @@ def _formula(b, ref, table, Hq, Hkv, D):
     BS = k.shape[1]
     K = k[table.long()].reshape(B, MB * BS, Hkv, D).transpose(1, 2).repeat_interleave(Hq // Hkv, 1)
     Vv = v[table.long()].reshape(B, MB * BS, Hkv, D).transpose(1, 2).repeat_interleave(Hq // Hkv, 1)
-    q = b.tensors["tbl_q"].float().reshape(B, Hq, 1, D)
+    q = b.tensors["in_q"].float().reshape(B, Hq, 1, D)
     s = q @ K.transpose(2, 3) * D ** -0.5 + b.tensors["mask"].float().reshape(B, 1, 1, -1)
     return (torch.softmax(s, -1) @ Vv).reshape(B, Hq * D)
 

@@ -56,7 +56,7 @@ def _program(dtype, pos, L, Hq, Hkv, D=64, block=0, write=True, softcap=0.0):
 
 def _formula(b, ref, Hq, Hkv, D, softcap=0.0):
     B, _, L, _ = ref["k_cache"].shape
-    q = b.tensors["tbl_q"].float().reshape(B, Hq, 1, D)
+    q = b.tensors["in_q"].float().reshape(B, Hq, 1, D)
     k = ref["k_cache"].float().repeat_interleave(Hq // Hkv, dim=1)
     v = ref["v_cache"].float().repeat_interleave(Hq // Hkv, dim=1)
     s = q @ k.transpose(2, 3) * D ** -0.5
@@ -145,7 +145,7 @@ def test_streamed_attention_keeps_the_running_max(dtype):
     b = _program(dtype, [L - 1], L, Hq, Hkv, D, block=128, write=False)
     q = torch.zeros(1, Hq * D)
     q[0, 0] = q[0, D] = 40.0
-    b.tensors["tbl_q"].copy_(q.to(dtype))
+    b.tensors["in_q"].copy_(q.to(dtype))
     k = b.tensors["k_cache"]
     k[:, :, :128, 0] = 30.0  # block 0: scores 150
     k[:, :, 128:, 0] = -30.0  # later blocks: scores -150

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from fusegraph.codegen.ops.kv_write import KVRoll, roll_pieces
+from fusegraph.patterns.kv_cache.lowering import KVRoll, roll_pieces
 from fusegraph.codegen.testing import Builder, V
 from fusegraph.nkiapi.conformance import check_source
 
@@ -29,7 +29,7 @@ def test_kv_roll_equals_torch_roll(dtype, W, lnc):
     gen, _, ref, kern = b.run(lnc=lnc)
     assert check_source(gen.source) == []
     expected = b.tensors["k_cache"].roll(-1, dims=2)
-    expected[:, :, -1] = b.tensors["tbl_k"].reshape(B, H, D)
+    expected[:, :, -1] = b.tensors["in_k"].reshape(B, H, D)
     assert torch.equal(ref["k_cache"], expected)  # the reference VM is HF's formula
     assert torch.equal(kern["k_cache"], expected)
 

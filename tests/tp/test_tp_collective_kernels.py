@@ -11,7 +11,7 @@ import torch
 
 from fusegraph import nkisim
 from fusegraph.codegen.megakernel import generate
-from fusegraph.codegen.ops.collective import AllGather, AllReduce, group_refusal, reference_collective
+from fusegraph.patterns.collectives.lowering import AllGather, AllReduce, group_refusal, reference_collective
 from fusegraph.codegen.runtime import InterpretedKernel, to_numpy, to_torch
 from fusegraph.codegen.testing import Builder
 
@@ -42,7 +42,7 @@ def test_all_reduce_kernel_sums_the_ranks(lnc: int, dtype: torch.dtype) -> None:
     y = b.new("y", F, dtype)
     b.ins.append(AllReduce(x=x, out=y, ranks=(0, 1), reduce="sum", layer=0))
     b.store(y)
-    outs, gen = _run_ranks(b, [{"tbl_x": xr} for xr in xs], lnc)
+    outs, gen = _run_ranks(b, [{"in_x": xr} for xr in xs], lnc)
     assert "nki.collectives.all_reduce(" in gen.source and "collective_dim" not in gen.source
     want = (xs[0].float() + xs[1].float()).to(dtype)  # fp32 sum, rounded once (= gloo's for two ranks)
     for r in range(W):
@@ -58,7 +58,7 @@ def test_all_reduce_max_and_min() -> None:
         y = b.new("y", F, torch.float32)
         b.ins.append(AllReduce(x=x, out=y, ranks=(0, 1), reduce=reduce, layer=0))
         b.store(y)
-        outs, _ = _run_ranks(b, [{"tbl_x": xr} for xr in xs], 1)
+        outs, _ = _run_ranks(b, [{"in_x": xr} for xr in xs], 1)
         assert all(torch.equal(o["out_y"], fn(xs[0], xs[1])) for o in outs), reduce
 
 
@@ -73,7 +73,7 @@ def test_all_gather_kernel_concatenates_features(lnc: int, W: int, T: int, F: in
     y = b.new("y", W * F, torch.float32)
     b.ins.append(AllGather(x=x, out=y, ranks=tuple(range(W)), layer=0))
     b.store(y)
-    outs, gen = _run_ranks(b, [{"tbl_x": xr} for xr in xs], lnc)
+    outs, gen = _run_ranks(b, [{"in_x": xr} for xr in xs], lnc)
     assert gen.layouts["y"].P == gen.layouts["x"].P and not gen.layouts["y"].pmajor
     want = torch.cat(xs, dim=-1)
     for r in range(W):
@@ -111,7 +111,7 @@ def test_lowering_checks_refuse_what_the_kernel_cannot_do() -> None:
     on the eager path (the collective splits the kernel), with the reason."""
     from types import SimpleNamespace
 
-    from fusegraph.codegen.ops.collective import _check_all_gather, _check_all_reduce
+    from fusegraph.patterns.collectives.lowering import _check_all_gather, _check_all_reduce
 
     def match(**params: object) -> SimpleNamespace:
         return SimpleNamespace(params={"ranks": (0, 1), "group_size": 2, **params})
@@ -155,7 +155,7 @@ def test_stored_all_gather_lands_contiguous_and_descriptors_are_large(lnc: int, 
     y = b.new("y", W * F, torch.bfloat16)
     b.ins.append(AllGather(x=x, out=y, ranks=tuple(range(W)), store=True, layer=0))
     b.store(y)
-    outs, gen = _run_ranks(b, [{"tbl_x": xr} for xr in xs], lnc)
+    outs, gen = _run_ranks(b, [{"in_x": xr} for xr in xs], lnc)
     lx = gen.layouts["x"]
     assert lx.pmajor and lx.FT > 1
     want = torch.cat(xs, dim=-1)
@@ -174,7 +174,7 @@ def test_split_lm_head_with_stored_gather_equals_the_unsplit_projection(lnc: int
     """The lm_head as ops/linear.py splits it for a stored gather (a 128-partition bulk, split between the LNC=2
     cores, and the F mod 128 tail) gives the logits of the unsplit projection gathered chunk-major (bit for bit here):
     every element is the same bf16 x bf16 -> fp32 PSUM sum over the same K chunks, rounded once to bf16."""
-    from fusegraph.codegen.ops.linear import Linear
+    from fusegraph.patterns.linear.lowering import Linear
 
     K, F, W = 256, 608, 2  # 608 = 4 x 128 + 96: bulk FT=4 (even: split between the cores), tail 96
     torch.manual_seed(3)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fusegraph.codegen.ops.embedding import VocabParallelEmbed, vocab_parallel_lookup
+from fusegraph.patterns.embedding.lowering import VocabParallelEmbed, vocab_parallel_lookup
 from fusegraph.codegen.testing import Builder
 
 VOCAB, H, W = 1000, 256, 2

@@ -14,10 +14,7 @@ from typing import ClassVar
 import torch
 
 import fusegraph
-from fusegraph.codegen import ir
-from fusegraph.codegen import weights as W
-from fusegraph.codegen.emitters import Emitted, aten, inst_name, nbytes, nl_dtype, norm_param_chunk
-from fusegraph.codegen.layout import PMAX
+from fusegraph.codegen.api import PMAX, W, Emitted, aten, inst_name, ir, nbytes, nl_dtype, norm_param_chunk
 
 
 @fusegraph.register_pattern(
@@ -70,11 +67,8 @@ class L2Norm(fusegraph.Instruction):
         y = env[self.weight.name].float() * (x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + self.eps))
         env[self.out.name] = y.to(self.out.dtype)
 
-    def shard(self):
-        return fusegraph.Shard(("replicated",), "needs every feature of the token")
 
-
-@fusegraph.register_lowering("fgnorm_l2norm", template_dir=Path(__file__).parent / "templates", instructions=[L2Norm])
+@fusegraph.register_lowering(l2norm, template_dir=Path(__file__).parent / "templates", instructions=[L2Norm])
 def lower_l2norm(L, m):
     x = L.act(L.input(m, "x"), L.views(m, "x"))
     out = L.new_act(L.output(m), L.label(m, "l2"))

@@ -1,0 +1,95 @@
+"""The kernel's own I/O instructions: load an activation computed outside, store a result, store a guard flag.
+
+They come from no pattern: :func:`~fusegraph.codegen.lowering.lower_region` adds them at the region's boundary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from . import ir
+from .emitters import Context, Emitted, inst_name
+from .registry import register_instruction
+from .render import nl_dtype
+
+
+@register_instruction
+@dataclass
+class Load(ir.Instruction):
+    """Bring an activation computed outside the kernel (HBM ``[T, F]``) into SBUF."""
+
+    opcode: ClassVar[str] = "load"
+    src: ir.Value  # INPUT
+    out: ir.Value
+
+    def emit(self, ctx: Context, i: int) -> Emitted:
+        lay = ctx.layout(self.out)
+        F, T = self.out.features, ctx.tokens
+        pattern = lay.row_pattern() + [[F, T]]
+        e = Emitted()
+        e.code("load.j2", what=self.src.name, T=T, F=F, P=lay.P, FT=lay.FT, out=ctx.var(self.out),
+               src=ctx.var(self.src), pattern=pattern, dtype=nl_dtype(self.out.dtype), name=inst_name(self))
+        return e
+
+    def reference(self, env: dict[str, torch.Tensor]) -> None:
+        env[self.out.name] = env[self.src.name].reshape(self.out.shape)
+
+
+@register_instruction
+@dataclass
+class Store(ir.Instruction):
+    """Write an SBUF activation to an HBM output tensor [T, F] (kernel outputs are in shared HBM)."""
+
+    opcode: ClassVar[str] = "store"
+    x: ir.Value
+    dst: ir.Value  # OUTPUT
+    output_fields: ClassVar[tuple[str, ...]] = ()
+
+    def constrain(self, c: ir.Constraints) -> None:
+        c.prefer_pmajor(self.x)
+
+    def emit(self, ctx: Context, i: int) -> Emitted:
+        if self.x.name in ctx.stored:  # its producer stored it chunk by chunk (a batch's logits, ops/linear.py)
+            return Emitted()
+        lay = ctx.layout(self.x)
+        F = self.x.features
+        # partition-major: FT contiguous features per partition; chunk-major: one element per descriptor (slow)
+        half = ctx.split(lay.FT) if self.x.name in ctx.store_only and lay.split == 1 else 0
+        n = half or lay.FT
+        pattern = ([[lay.FT, lay.P], [1, n], [F, ctx.tokens]] if lay.pmajor
+                   else [[1, lay.P], [lay.P, n], [F, ctx.tokens]])
+        if lay.split != 1:  # a head-split value (heads > 128 partitions): whole, from both tile dims
+            pattern = lay.row_pattern() + [[F, ctx.tokens]]
+        e = Emitted()
+        e.code("store.j2", what=self.dst.name, T=ctx.tokens, F=F, P=lay.P, FT=lay.FT, dst=ctx.var(self.dst),
+               x=ctx.var(self.x), name=inst_name(self), pattern=pattern, contiguous=lay.pmajor, half=half,
+               pmajor=lay.pmajor, only_core0=ctx.lnc == 2 and not half)
+        return e
+
+    def reference(self, env: dict[str, torch.Tensor]) -> None:
+        env[self.dst.name] = env[self.x.name].reshape(self.dst.shape).clone()
+
+
+@register_instruction
+@dataclass
+class Guard(ir.Instruction):
+    """Store a guard flag ([T, 1] fp32, 0 or 1, token-major) to an HBM output. A set flag tells the executor that
+    the kernel's result for this step may differ from eager for a reason the kernel can detect but not resolve
+    (``reason``), so the step is recomputed on the eager path."""
+
+    opcode: ClassVar[str] = "guard"
+    x: ir.Value  # ROUTING [T, 1]
+    dst: ir.Value  # OUTPUT [T, 1]
+    reason: str = ""
+    output_fields: ClassVar[tuple[str, ...]] = ()
+
+    def emit(self, ctx: Context, i: int) -> Emitted:
+        e = Emitted()
+        e.code("guard.j2", reason=self.reason, T=ctx.tokens, dst=ctx.var(self.dst), x=ctx.var(self.x),
+               name=inst_name(self), only_core0=ctx.lnc == 2)
+        return e
+
+    def reference(self, env: dict[str, torch.Tensor]) -> None:
+        env[self.dst.name] = env[self.x.name].reshape(self.dst.shape).clone()

@@ -67,103 +67,128 @@ def build_ops(G: nx.DiGraph, piece: GenericPiece, tokens: int, features: int,
         c = value_class(d["shape"], tokens, features)
         if c is None:
             raise CodegenError(f"generic lowering: {n} ({op}) has shape {d['shape']}, neither per token nor per feature")
-        if op == "getitem":
-            src, i = tensor_args[0], int(args[1])
-            if c != ("full" if i == 0 else "token"):
-                raise CodegenError(f"generic lowering: result {i} of {src} has shape {d['shape']}")
-            cls[n] = c
-            ops.append(GOp(n, "copy", (f"{src}#{i}",), cls[n], dt))
+        if op == "getitem" or op in VIEWS or op in _REDUCTIONS:
+            ops.append(_structural(n, d, args, tensor_args, c, cls, features))
+            cls[n] = ops[-1].cls
             continue
-        if op in VIEWS:
-            cls[n] = cls[tensor_args[0]]
-            ops.append(GOp(n, "copy", (tensor_args[0],), cls[n], dt))
-            continue
-        if op in ("aten.mean.dim", "aten.sum.dim_IntList"):
-            if cls[tensor_args[0]] != "full":
-                raise CodegenError(f"generic lowering: {op} of a {cls[tensor_args[0]]} value")
-            scale = 1.0 / features if op == "aten.mean.dim" else 1.0
-            cls[n] = "token"
-            ops.append(GOp(n, "sum", (tensor_args[0],), "token", dt, scale=scale))
-            continue
-        srcs: list[Any] = []
-        for a in args[: (1 if op in UNARY or op in ("aten.neg.default", "aten.reciprocal.default",
-                                                    "aten._to_copy.default") else 2)]:
-            srcs.append(a if isinstance(a, str) else float(a))
-        if op in UNARY:
-            fn = for_aten(op, d.get("kwargs"))
-            if fn is None:
-                raise CodegenError(f"generic lowering: {op} with {d.get('kwargs')}")
-            ops.append(GOp(n, f"act:{fn.nki}", tuple(srcs), cls[srcs[0]], dt))
-        elif op == "aten.neg.default":
-            ops.append(GOp(n, "scalar:multiply", (srcs[0], -1.0), cls[srcs[0]], dt))
-        elif op == "aten.reciprocal.default":
-            ops.append(GOp(n, "recip", (srcs[0],), cls[srcs[0]], dt))
-        elif op == "aten._to_copy.default":
-            ops.append(GOp(n, "cast", (srcs[0],), cls[srcs[0]], dt))
-        elif op == "aten.pow.Tensor_Scalar":
-            e = float(pow_exponent(d))
-            x = srcs[0]
-            if e == 2:
-                ops.append(GOp(n, "alu:multiply", (x, x), cls[x], dt))
-            elif e == 3:
-                ops.append(GOp(f"{n}__sq", "alu:multiply", (x, x), cls[x], torch.float32))
-                ops.append(GOp(n, "alu:multiply", (f"{n}__sq", x), cls[x], dt))
-                cls[f"{n}__sq"] = cls[x]
-            elif e == 0.5:
-                ops.append(GOp(n, "act:sqrt", (x,), cls[x], dt))
-            elif e == -0.5:
-                ops.append(GOp(n, "act:rsqrt", (x,), cls[x], dt))
-            elif e == -1:
-                ops.append(GOp(n, "recip", (x,), cls[x], dt))
-            else:
-                ops.append(GOp(n, "copy", (x,), cls[x], dt))
-        elif op in ("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default"):
-            lo = d["args"][1] if len(d["args"]) > 1 else d["kwargs"].get("min")
-            hi = d["args"][2] if len(d["args"]) > 2 else d["kwargs"].get("max")
-            if op == "aten.clamp_max.default":
-                lo, hi = None, d["args"][1]
-            cur = srcs[0]
-            if lo is not None:
-                ops.append(GOp(f"{n}__lo" if hi is not None else n, "scalar:maximum", (cur, float(lo)), cls[cur], dt))
-                cur = f"{n}__lo" if hi is not None else n
-                cls[cur] = cls[srcs[0]]
-            if hi is not None:
-                ops.append(GOp(n, "scalar:minimum", (cur, float(hi)), cls[srcs[0]], dt))
-        elif op in BINARY:
-            a, b = srcs
-            alu = BINARY[op]
-            if op in ("aten.add.Tensor", "aten.sub.Tensor") and len(args) > 2 and args[2] not in (1, 1.0):
-                raise CodegenError("generic lowering: add/sub with alpha != 1")
-            if isinstance(a, float) and isinstance(b, float):
-                raise CodegenError(f"generic lowering: {op} of two constants")
-            if alu == "divide":
-                if isinstance(b, float):
-                    alu, b = "multiply", 1.0 / b
-                else:
-                    ops.append(GOp(f"{n}__rb", "recip", (b,), cls[b], torch.float32))
-                    cls[f"{n}__rb"] = cls[b]
-                    b, alu = f"{n}__rb", "multiply"
-            if isinstance(a, float):
-                if alu == "subtract":  # c - x = (x * -1) + c
-                    ops.append(GOp(f"{n}__neg", "scalar:multiply", (b, -1.0), cls[b], torch.float32))
-                    cls[f"{n}__neg"] = cls[b]
-                    a, b, alu = f"{n}__neg", a, "add"
-                else:
-                    a, b = b, a
-            if isinstance(b, float):
-                ops.append(GOp(n, f"scalar:{alu}", (a, b), cls[a], dt))
-            else:
-                ca, cb = cls[a], cls[b]
-                out_cls = "full" if "full" in (ca, cb) or ("feature" in (ca, cb)) else "token"
-                if ca != "full" and out_cls == "full":  # put the full operand first (commutative ops only)
-                    if alu == "subtract":
-                        raise CodegenError("generic lowering: broadcast subtract with the full operand second")
-                    a, b = b, a
-                ops.append(GOp(n, f"alu:{alu}", (a, b), out_cls, dt))
-        else:  # pragma: no cover - the classification and this switch agree
-            raise CodegenError(f"generic lowering: no rule for {op}")
+        ops += _arithmetic(n, d, op, args, cls, dt)
         cls[n] = ops[-1].cls
     return ops
+
+
+_REDUCTIONS = ("aten.mean.dim", "aten.sum.dim_IntList")
+_ONE_OPERAND = ("aten.neg.default", "aten.reciprocal.default", "aten._to_copy.default")
+
+
+def _structural(n: str, d: dict, args: list, tensor_args: list[str], c: str, cls: dict[str, str],
+                features: int) -> GOp:
+    """A result of a multi-result op (``getitem``), a view, or a feature reduction (mean/sum over the features)."""
+    op, dt = d["op"], getattr(torch, d["dtype"])
+    if op == "getitem":
+        src, i = tensor_args[0], int(args[1])
+        if c != ("full" if i == 0 else "token"):
+            raise CodegenError(f"generic lowering: result {i} of {src} has shape {d['shape']}")
+        return GOp(n, "copy", (f"{src}#{i}",), c, dt)
+    if op in VIEWS:
+        return GOp(n, "copy", (tensor_args[0],), cls[tensor_args[0]], dt)
+    if cls[tensor_args[0]] != "full":
+        raise CodegenError(f"generic lowering: {op} of a {cls[tensor_args[0]]} value")
+    scale = 1.0 / features if op == "aten.mean.dim" else 1.0
+    return GOp(n, "sum", (tensor_args[0],), "token", dt, scale=scale)
+
+
+def _arithmetic(n: str, d: dict, op: str, args: list, cls: dict[str, str], dt: torch.dtype) -> list[GOp]:
+    """An elementwise op: unary activations, negation, reciprocal, cast, integer powers, clamps, binary ALU ops."""
+    srcs: list[Any] = [a if isinstance(a, str) else float(a)
+                       for a in args[: (1 if op in UNARY or op in _ONE_OPERAND else 2)]]
+    if op in UNARY:
+        fn = for_aten(op, d.get("kwargs"))
+        if fn is None:
+            raise CodegenError(f"generic lowering: {op} with {d.get('kwargs')}")
+        return [GOp(n, f"act:{fn.nki}", tuple(srcs), cls[srcs[0]], dt)]
+    if op == "aten.neg.default":
+        return [GOp(n, "scalar:multiply", (srcs[0], -1.0), cls[srcs[0]], dt)]
+    if op == "aten.reciprocal.default":
+        return [GOp(n, "recip", (srcs[0],), cls[srcs[0]], dt)]
+    if op == "aten._to_copy.default":
+        return [GOp(n, "cast", (srcs[0],), cls[srcs[0]], dt)]
+    if op == "aten.pow.Tensor_Scalar":
+        return _pow(n, d, srcs[0], cls, dt)
+    if op in ("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default"):
+        return _clamp(n, d, op, srcs[0], cls, dt)
+    if op in BINARY:
+        return _binary(n, op, args, srcs, cls, dt)
+    raise CodegenError(f"generic lowering: no rule for {op}")  # pragma: no cover - classification and switch agree
+
+
+def _pow(n: str, d: dict, x: str, cls: dict[str, str], dt: torch.dtype) -> list[GOp]:
+    """``x ** e`` for the exponents decoders use: 2 and 3 as products, +-0.5 as (r)sqrt, -1 as a reciprocal."""
+    e = float(pow_exponent(d))
+    if e == 2:
+        return [GOp(n, "alu:multiply", (x, x), cls[x], dt)]
+    if e == 3:
+        cls[f"{n}__sq"] = cls[x]
+        return [GOp(f"{n}__sq", "alu:multiply", (x, x), cls[x], torch.float32),
+                GOp(n, "alu:multiply", (f"{n}__sq", x), cls[x], dt)]
+    if e == 0.5:
+        return [GOp(n, "act:sqrt", (x,), cls[x], dt)]
+    if e == -0.5:
+        return [GOp(n, "act:rsqrt", (x,), cls[x], dt)]
+    if e == -1:
+        return [GOp(n, "recip", (x,), cls[x], dt)]
+    return [GOp(n, "copy", (x,), cls[x], dt)]
+
+
+def _clamp(n: str, d: dict, op: str, x: str, cls: dict[str, str], dt: torch.dtype) -> list[GOp]:
+    """A clamp as a maximum by the lower bound and a minimum by the upper one (either may be absent)."""
+    lo = d["args"][1] if len(d["args"]) > 1 else d["kwargs"].get("min")
+    hi = d["args"][2] if len(d["args"]) > 2 else d["kwargs"].get("max")
+    if op == "aten.clamp_max.default":
+        lo, hi = None, d["args"][1]
+    ops: list[GOp] = []
+    cur = x
+    if lo is not None:
+        ops.append(GOp(f"{n}__lo" if hi is not None else n, "scalar:maximum", (cur, float(lo)), cls[cur], dt))
+        cur = f"{n}__lo" if hi is not None else n
+        cls[cur] = cls[x]
+    if hi is not None:
+        ops.append(GOp(n, "scalar:minimum", (cur, float(hi)), cls[x], dt))
+    return ops
+
+
+def _binary(n: str, op: str, args: list, srcs: list[Any], cls: dict[str, str], dt: torch.dtype) -> list[GOp]:
+    """A binary ALU op: a division as a product by the reciprocal, a constant first operand moved second
+    (``c - x`` as ``-x + c``), broadcasts with the full operand first."""
+    a, b = srcs
+    alu = BINARY[op]
+    ops: list[GOp] = []
+    if op in ("aten.add.Tensor", "aten.sub.Tensor") and len(args) > 2 and args[2] not in (1, 1.0):
+        raise CodegenError("generic lowering: add/sub with alpha != 1")
+    if isinstance(a, float) and isinstance(b, float):
+        raise CodegenError(f"generic lowering: {op} of two constants")
+    if alu == "divide":
+        if isinstance(b, float):
+            alu, b = "multiply", 1.0 / b
+        else:
+            ops.append(GOp(f"{n}__rb", "recip", (b,), cls[b], torch.float32))
+            cls[f"{n}__rb"] = cls[b]
+            b, alu = f"{n}__rb", "multiply"
+    if isinstance(a, float):
+        if alu == "subtract":  # c - x = (x * -1) + c
+            ops.append(GOp(f"{n}__neg", "scalar:multiply", (b, -1.0), cls[b], torch.float32))
+            cls[f"{n}__neg"] = cls[b]
+            a, b, alu = f"{n}__neg", a, "add"
+        else:
+            a, b = b, a
+    if isinstance(b, float):
+        return ops + [GOp(n, f"scalar:{alu}", (a, b), cls[a], dt)]
+    ca, cb = cls[a], cls[b]
+    out_cls = "full" if "full" in (ca, cb) or ("feature" in (ca, cb)) else "token"
+    if ca != "full" and out_cls == "full":  # put the full operand first (commutative ops only)
+        if alu == "subtract":
+            raise CodegenError("generic lowering: broadcast subtract with the full operand second")
+        a, b = b, a
+    return ops + [GOp(n, f"alu:{alu}", (a, b), out_cls, dt)]
 
 
 def _layer_norm(n: str, d: dict, x: str, cls: dict[str, str], features: int) -> list[GOp]:

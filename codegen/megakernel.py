@@ -24,9 +24,11 @@ from typing import Any
 
 import torch
 
+from fusegraph.nkiapi.conformance import check_source
+
 from . import ir
 from .bind import ArgSpec, arg_specs
-from .emitters import Context
+from .emitters import Context, Emitted
 from .errors import CodegenError
 from .ir import assign_names
 from .layout import Layout
@@ -72,10 +74,32 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
         raise CodegenError("weight streaming needs at least 2 ring buffers")
     if lnc not in (1, 2):
         raise CodegenError(f"lnc must be 1 or 2, got {lnc}")
-    T = program.tokens
     assign_names(program.instructions)
     layouts = dict(layouts) if layouts is not None else plan_layouts(program)
     specs = arg_specs(program, layouts)
+    ctx = _context(program, layouts, specs, target=target, chunk_bytes=chunk_bytes, lnc=lnc)
+    constants = _constants(program, ctx)
+    pre_code = [line for ins in program.instructions for line in ins.setup(ctx)]
+    em = _Body(program, ctx)
+    em.emit_all()
+    body, stream_stats = resolve(em.pieces, ring)
+    budget = _budget(program, em, constants, stream_stats, target, sbuf_budget_bytes)
+    args = [v.name for v in program.inputs] + list(constants)
+    source = cached_source if cached_source is not None else _render_source(
+        program, args, constants, em.module_code, pre_code, body, target=target, ring=ring, lnc=lnc, model=model,
+        region=region)
+    if check and cached_source is None:
+        _check_conformance(source)
+    stats = dict(stream_stats, lnc=lnc, codegen_seconds=round(time.perf_counter() - t0, 4), lines=source.count("\n"),
+                 instructions=len(program.instructions), templates=templates_hash())
+    return GeneratedKernel(name=program.name, source=source, program=program, layouts=layouts, budget=budget,
+                           args=args, constants=constants, specs=specs, stats=stats)
+
+
+def _context(program: ir.KernelProgram, layouts: dict[str, Layout], specs: dict[str, ArgSpec], *, target: str,
+             chunk_bytes: int, lnc: int) -> Context:
+    """The emission context; it records the activations only a :class:`~.io.Store` reads (``store_only``) and,
+    where that store is the only one, its destination, so their producers can write HBM directly."""
     readers: dict[str, set] = {}
     for ins in program.instructions:
         for v in ins.reads():
@@ -85,66 +109,88 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
     for ins in program.instructions:
         if isinstance(ins, Store) and ins.x.name in store_only:
             store_dsts.setdefault(ins.x.name, []).append(ins.dst)
-    ctx = Context(tokens=T, layouts=layouts, target=target, chunk_bytes=chunk_bytes, consts={}, inputs={},
-                  specs=specs, lnc=lnc, store_only=store_only,
-                  stores={n: d[0] for n, d in store_dsts.items() if len(d) == 1})
+    return Context(tokens=program.tokens, layouts=layouts, target=target, chunk_bytes=chunk_bytes, consts={},
+                   inputs={}, specs=specs, lnc=lnc, store_only=store_only,
+                   stores={n: d[0] for n, d in store_dsts.items() if len(d) == 1})
+
+
+def _constants(program: ir.KernelProgram, ctx: Context) -> dict[str, torch.Tensor]:
+    """The constant kernel arguments the instructions ask for (ones, rotations, selectors), each loaded once; the
+    context learns the SBUF name of each role."""
     constants: dict[str, torch.Tensor] = {}
     for ins in program.instructions:
         for key, const in ins.constants(ctx).items():
             constants[key] = const.tensor
             ctx.consts[const.role] = key.replace("c_", "s_", 1)
-    const_loads = [{"var": key.replace("c_", "s_", 1), "shape": tuple(t.shape), "dtype": nl_dtype(t.dtype), "src": key}
-                   for key, t in constants.items()]
-    pre_code: list[str] = []
-    for ins in program.instructions:
-        pre_code += ins.setup(ctx)
+    return constants
 
-    pieces: list = []
-    module_code: list[str] = []
-    failures: list[tuple[ir.Instruction, CodegenError]] = []
-    current_layer: object = "start"
-    peak_scratch, peak_psum = 0, 0
-    act_bytes: dict[str, int] = {}
-    scratch_at: dict[int, int] = {}
-    early_at, layer_start = 0, 0  # where the layer's early code goes (after its banner), its first instruction
-    for i, ins in enumerate(program.instructions):
-        if ins.layer != current_layer:
-            current_layer = ins.layer
+
+class _Body:
+    """The kernel body: each instruction's emitted pieces in program order, a banner per decoder layer, a
+    layer's early code (its first cache block's reads) right after its banner, and what the budget needs
+    (scratch per instruction, PSUM peak, the bytes of each activation kept whole in SBUF)."""
+
+    def __init__(self, program: ir.KernelProgram, ctx: Context) -> None:
+        self.program, self.ctx = program, ctx
+        self.pieces: list = []
+        self.module_code: list[str] = []
+        self.failures: list[tuple[ir.Instruction, CodegenError]] = []
+        self.peak_scratch = self.peak_psum = 0
+        self.act_bytes: dict[str, int] = {}
+        self.scratch_at: dict[int, int] = {}
+        self.early_at = self.layer_start = 0  # where the layer's early code goes (after its banner), its first
+        self._layer: object = "start"
+
+    def emit_all(self) -> None:
+        """Emit every instruction; raise the first failure with all of them attached (``error.instructions``)."""
+        for i, ins in enumerate(self.program.instructions):
+            self._banner(i, ins)
+            try:
+                em = ins.emit(self.ctx, i)
+                helpers = ins.module_code(self.ctx)  # module-level code before the kernel (an LLM island's function)
+            except CodegenError as e:
+                self.failures.append((ins, e))
+                continue
+            self.module_code += [h for h in helpers if h not in self.module_code]
+            self._place(i, ins, em)
+        if self.failures:
+            err = self.failures[0][1]
+            err.instructions = tuple(ins for ins, _ in self.failures)
+            err.causes = tuple(str(e) for _, e in self.failures)
+            raise err
+
+    def _banner(self, i: int, ins: ir.Instruction) -> None:
+        if ins.layer != self._layer:
+            self._layer = ins.layer
             title = f"decoder layer {ins.layer}" if ins.layer is not None else "outside the decoder layers"
-            pieces.append(render("layer_banner.j2", indent=4, title=title))
-            early_at, layer_start = len(pieces), i
-        try:
-            em = ins.emit(ctx, i)
-            helpers = ins.module_code(ctx)  # module-level code before the kernel (an LLM island's sub-function)
-        except CodegenError as e:
-            failures.append((ins, e))
-            continue
-        module_code += [h for h in helpers if h not in module_code]
+            self.pieces.append(render("layer_banner.j2", indent=4, title=title))
+            self.early_at, self.layer_start = len(self.pieces), i
+
+    def _place(self, i: int, ins: ir.Instruction, em: Emitted) -> None:
         if em.early:  # before the layer's instructions; its tiles are live through them
-            pieces[early_at:early_at] = em.early
-            early_at += len(em.early)
-            for k in range(layer_start, i):
-                if k in scratch_at:
-                    scratch_at[k] += em.early_sbuf
-                    peak_scratch = max(peak_scratch, scratch_at[k])
-        pieces.extend(em.pieces)
+            self.pieces[self.early_at:self.early_at] = em.early
+            self.early_at += len(em.early)
+            for k in range(self.layer_start, i):
+                if k in self.scratch_at:
+                    self.scratch_at[k] += em.early_sbuf
+                    self.peak_scratch = max(self.peak_scratch, self.scratch_at[k])
+        self.pieces.extend(em.pieces)
         if _critical_loads(ins, em.pieces):
-            pieces.append(CriticalEnd(i))
-        peak_scratch = max(peak_scratch, em.sbuf)
-        scratch_at[i] = em.sbuf
-        peak_psum = max(peak_psum, em.psum_banks)
+            self.pieces.append(CriticalEnd(i))
+        self.peak_scratch = max(self.peak_scratch, em.sbuf)
+        self.scratch_at[i] = em.sbuf
+        self.peak_psum = max(self.peak_psum, em.psum_banks)
         for v in ins.writes():
-            if v.kind == ir.ValueKind.ACT and v.name not in ctx.stored:  # stored by its producer: never whole
-                lay = layouts[v.name]
-                act_bytes[v.name] = lay.FT * T * torch.empty((), dtype=v.dtype).element_size()
-    if failures:
-        err = failures[0][1]
-        err.instructions = tuple(ins for ins, _ in failures)
-        err.causes = tuple(str(e) for _, e in failures)
-        raise err
-    body, stream_stats = resolve(pieces, ring)
-    # persistent: constants + per-step inputs + ring; activations live at once + that instruction's scratch
-    live_acts, live_scratch, _ = live_activation_peak(program, act_bytes, scratch_at)
+            if v.kind == ir.ValueKind.ACT and v.name not in self.ctx.stored:  # stored by its producer: never whole
+                lay = self.ctx.layouts[v.name]
+                self.act_bytes[v.name] = lay.FT * self.program.tokens * torch.empty((), dtype=v.dtype).element_size()
+
+
+def _budget(program: ir.KernelProgram, em: _Body, constants: dict[str, torch.Tensor], stream_stats: dict[str, Any],
+            target: str, sbuf_budget_bytes: int) -> Budget:
+    """SBUF per partition at the peak: persistent (constants, per-step inputs, the weight ring) plus the
+    activations live at once and that instruction's scratch; checked against the target's budget."""
+    live_acts, live_scratch, _ = live_activation_peak(program, em.act_bytes, em.scratch_at)
     const_bytes = sum(t[0].numel() * t.element_size() if t.dim() > 1 else t.element_size()
                       for t in constants.values())
     budget = Budget(target=target, sbuf_budget=sbuf_budget(target, sbuf_budget_bytes))
@@ -155,34 +201,37 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
         "instruction scratch (at the peak)": live_scratch,
     }
     budget.sbuf_peak = sum(budget.items.values())
-    budget.psum_peak_banks = peak_psum
+    budget.psum_peak_banks = em.peak_psum
     budget.check()
+    return budget
 
-    name = program.name
-    args = [v.name for v in program.inputs] + list(constants)
+
+def _render_source(program: ir.KernelProgram, args: list[str], constants: dict[str, torch.Tensor],
+                   module_code: list[str], pre_code: list[str], body: str, *, target: str, ring: int, lnc: int,
+                   model: str, region: str) -> str:
+    """The kernel module: header, module-level helpers, the signature with constant loads, prologue, body, return."""
+    const_loads = [{"var": key.replace("c_", "s_", 1), "shape": tuple(t.shape), "dtype": nl_dtype(t.dtype),
+                    "src": key} for key, t in constants.items()]
     outputs = [{"var": v.name, "shape": tuple(v.shape), "dtype": nl_dtype(v.dtype)}
                for v in program.outputs if v.kind == ir.ValueKind.OUTPUT]
-    source = cached_source if cached_source is not None else (
+    return (
         render("header.j2", version=_version(), model=model or "?", region=region or "decoder stack", target=target,
-               tokens=T, layers=len(program.layers()), ring=ring, lnc=lnc,
+               tokens=program.tokens, layers=len(program.layers()), ring=ring, lnc=lnc,
                collectives="nki.collectives." in "".join(module_code) + "".join(pre_code) + body)
         + "".join(module_code)
-        + render("kernel_open.j2", name=name, args=args, outputs=outputs, constants=const_loads, lnc=lnc)
+        + render("kernel_open.j2", name=program.name, args=args, outputs=outputs, constants=const_loads, lnc=lnc)
         + "".join(pre_code)
         + body
         + "\n" + render("kernel_close.j2", returns=[v.name for v in program.outputs])
     )
-    if check and cached_source is None:
-        from fusegraph.nkiapi.conformance import check_source
 
-        violations = check_source(source)
-        if violations:
-            raise CodegenError("generated kernel does not conform to the NKI API tables: "
-                               + "; ".join(str(v) for v in violations[:5]))
-    stats = dict(stream_stats, lnc=lnc, codegen_seconds=round(time.perf_counter() - t0, 4), lines=source.count("\n"),
-                 instructions=len(program.instructions), templates=templates_hash())
-    return GeneratedKernel(name=name, source=source, program=program, layouts=layouts, budget=budget, args=args,
-                           constants=constants, specs=specs, stats=stats)
+
+def _check_conformance(source: str) -> None:
+    """Every NKI call of the rendered kernel against the official API tables."""
+    violations = check_source(source)
+    if violations:
+        raise CodegenError("generated kernel does not conform to the NKI API tables: "
+                           + "; ".join(str(v) for v in violations[:5]))
 
 
 def _version() -> str:

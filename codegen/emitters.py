@@ -81,7 +81,6 @@ def inst_name(ins: ir.Instruction) -> str:
     return ins.name or ir.base_name(ins)
 
 
-_inst_name = inst_name  # the historical name (fusegraph.perf reads it)
 assign_names = ir.assign_names
 
 

@@ -27,17 +27,10 @@ from fusegraph.warnings import one_line as _one_line
 from . import ir
 from .errors import CodegenError
 from .io import Guard, Load, Store
-from .registry import body_lowering, host_side_templates, lowering_for
-from .registry import supported_templates as registry_supported_templates
+from .registry import body_lowering, lowering_for
 from .schedule import kv_first
 
 V = ir.ValueKind
-
-
-def __getattr__(name: str) -> Any:
-    if name == "HOST_SIDE":  # the historical constant: now whatever the registry marks host-side
-        return host_side_templates()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -74,10 +67,6 @@ class Lowered:
     #: guard output value name -> why a set flag sends the step to the eager path (see :class:`~.ir.Guard`)
     guards: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-
-
-def supported_templates() -> set[str]:
-    return registry_supported_templates()
 
 
 def _dtype(name: str | None) -> torch.dtype:

@@ -21,19 +21,20 @@ from .layout import PMAX, Layout, experts_intermediate_layout, largest_divisor
 from .lowering import ArgSource, Lowerer, preserves_order
 from .op_helpers import numel, per_token_features, sb2sb_dma_engine, x_tokens
 from .reference import rotate_half
-from .registry import add_template_dir, provide, register_instruction, register_lowering
+from .registry import add_template_dir, provide, register_codegen_options, register_instruction, register_lowering
 from .render import nl_dtype
 from .stream import Chunk, ChunkUse, PrefetchPoint
 
 W = weights
 
 __all__ = [
-    "ArgSource", "add_template_dir", "Chunk", "ChunkUse", "CodegenError", "Constant", "Constraints", "Context", "Emitted", "IND",
-    "InlineSource", "Instruction", "Layout", "Lowerer", "MOVING_MAX", "PMAX", "PSUM_FREE_FP32", "PrefetchPoint", "Value",
-    "ValueKind", "W", "act_op", "aten", "code", "experts_intermediate_layout", "expr", "inst_name", "ir",
-    "largest_divisor", "linear_chunks", "linear_pieces", "lower_on_host", "nbytes", "nl_dtype", "norm_param_chunk",
-    "numel", "per_token_features", "preserves_order", "provide", "register_instruction", "register_lowering",
-    "rotate_half", "sb2sb_dma_engine", "tiles", "weight_for_use", "weights", "x_tokens",
+    "act_op", "add_template_dir", "ArgSource", "aten", "Chunk", "ChunkUse", "code", "CodegenError", "Constant",
+    "Constraints", "Context", "Emitted", "experts_intermediate_layout", "expr", "IND", "InlineSource", "inst_name",
+    "Instruction", "ir", "largest_divisor", "Layout", "linear_chunks", "linear_pieces", "lower_on_host", "Lowerer",
+    "MOVING_MAX", "nbytes", "nl_dtype", "norm_param_chunk", "numel", "per_token_features", "PMAX", "PrefetchPoint",
+    "preserves_order", "provide", "PSUM_FREE_FP32", "register_codegen_options", "register_instruction",
+    "register_lowering", "rotate_half", "sb2sb_dma_engine", "tiles", "Value", "ValueKind", "W", "weight_for_use",
+    "weights", "x_tokens",
 ]
 
 

@@ -22,6 +22,7 @@ its reason, instead of sending its whole region to the eager path at codegen tim
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -31,7 +32,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from . import render
 from .contract import check_contract
@@ -107,6 +108,29 @@ def body_lowering() -> Lowering:
     if not _BODY:
         raise CodegenError("no body lowering is registered (fusegraph.codegen.elementwise did not load)")
     return _BODY[0]
+
+
+_OPTIONS: dict[str, Callable[[Any], contextlib.AbstractContextManager]] = {}
+
+
+def register_codegen_options(name: str, enter: Callable[[Any], contextlib.AbstractContextManager]) -> None:
+    """An op's codegen options: ``enter(settings)`` is a context manager under which kernels are generated with
+    the op's settings-derived switches (attention's ``attn_*``). The executors enter every registered one around a
+    build (:func:`codegen_options`) without knowing which ops have options."""
+    with _LOCK:
+        _OPTIONS[name] = enter
+
+
+@contextlib.contextmanager
+def codegen_options(settings: Any) -> Iterator[None]:
+    """Inside the ``with``, kernels are generated with every op's options taken from ``settings``."""
+    ensure_builtins()
+    with _LOCK:
+        entries = list(_OPTIONS.values())
+    with contextlib.ExitStack() as stack:
+        for enter in entries:
+            stack.enter_context(enter(settings))
+        yield
 
 
 def provide(service: str, fn: Callable[..., Any]) -> None:
@@ -236,7 +260,8 @@ def step_tokens(matches: Iterable[Any], graph: Any) -> int:
     matches = list(matches)
     for m in matches:
         low = lowering_for(m.pattern.template)
-        sizer = (body_lowering() if low is None else low).tokens  # a match lowered from its body sizes it from its input
+        # a match lowered from its body sizes the step from its first activation input
+        sizer = (body_lowering() if low is None else low).tokens
         t = sizer(m, graph) if sizer is not None else None
         if t is not None:
             return int(t)
@@ -334,7 +359,10 @@ def lowering_sources() -> list[Path]:
     return sorted(files)
 
 
-__all__ = ["Lowering", "add_template_dir", "check", "ensure_builtins", "host_side_templates", "instruction_class",
-           "instruction_classes", "is_host_side", "lowering_for", "lowering_sources", "lowerings",
-           "register_instruction", "register_lowering", "step_tokens", "templates_hash", "supported_templates", "tokens_hint",
-           "unregister_lowering"]
+__all__ = [
+    "Lowering", "add_template_dir", "body_lowering", "builtin_op_dirs", "check", "codegen_options",
+    "ensure_builtins", "host_side_templates", "instruction_class", "instruction_classes", "is_host_side",
+    "lowering_for", "lowering_sources", "lowerings", "provide", "register_body_lowering",
+    "register_codegen_options", "register_instruction", "register_lowering", "service", "step_tokens",
+    "supported_templates", "templates_hash", "tokens_hint", "unregister_lowering",
+]

@@ -50,7 +50,7 @@ from ..emitters import MOVING_MAX, PSUM_FREE_FP32, Context, Emitted, aten, code,
 from ..errors import CodegenError
 from ..layout import PMAX
 from ..lowering import Lowerer
-from ..registry import register_lowering
+from ..registry import register_codegen_options, register_lowering
 from ..render import nl_dtype
 
 V = ir.ValueKind
@@ -493,3 +493,11 @@ def kv_positions(L: Lowerer) -> dict[str, ir.Value]:
     """Cache value name -> the per-sequence position input its KV write used in this kernel (filled by the KV-write
     lowerings, which come first: attention reads the updated cache)."""
     return L.shared.setdefault("kv_positions", {})
+
+
+def _settings_switches(settings: Any) -> contextlib.AbstractContextManager:
+    """The ``attn_*`` options of ``settings`` as the switches of every kernel built under them."""
+    return use_switches(StreamSwitches.from_settings(settings))
+
+
+register_codegen_options("attention", _settings_switches)

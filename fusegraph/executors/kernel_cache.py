@@ -112,12 +112,13 @@ def codegen_settings(settings: Settings) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def codegen_options(settings: Settings) -> Iterator[None]:
-    """Inside the ``with``, kernels are generated with ``settings``' attention switches (``attn_*``). Why here:
+    """Inside the ``with``, kernels are generated with every op's options from ``settings`` (attention's
+    ``attn_*``: ``registry.register_codegen_options``). Why here:
     every kernel build of the executors passes through :func:`generate_cached`, which is also where those settings
     enter the key; other callers of ``codegen.megakernel.generate`` wrap it in this to honour the options."""
-    from ..codegen.ops.attention import StreamSwitches, use_switches
+    from ..codegen.registry import codegen_options as ops_options
 
-    with use_switches(StreamSwitches.from_settings(settings)):
+    with ops_options(settings):
         yield
 
 

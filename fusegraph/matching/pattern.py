@@ -216,8 +216,6 @@ class PatternRegistry:
         with self._lock:
             if self._current_source is not None and pattern.source == "user":
                 pattern.source = self._current_source
-            elif pattern.source == "user" and (getattr(pattern.fn, "__module__", None) or "").startswith(f"{BUILTIN_PACKAGE}."):
-                pattern.source = "fusegraph"  # a built-in op folder imported first by codegen (its lowering)
             old = self._patterns.get(pattern.name)
             if old is not None and old is not pattern and not replace:
                 warn(f"pattern {pattern.name!r} from {pattern.source} ignored: the name is already registered by "
@@ -245,11 +243,17 @@ class PatternRegistry:
         return sorted(pats, key=lambda p: (-p.priority, p.name))
 
     # ---- loading ---------------------------------------------------------------------------------------
-    def ensure_loaded(self) -> None:
+    def ensure_builtins_loaded(self) -> None:
+        """Import the built-in op folders (their patterns register as ``source="fusegraph"``); codegen calls this
+        too, since the folders also hold the lowerings, so there is one loading path whoever asks first."""
         with self._lock:
             if not self._builtins_loaded:
                 self._builtins_loaded = True
                 self._load_module(BUILTIN_PACKAGE, source="fusegraph")
+
+    def ensure_loaded(self) -> None:
+        self.ensure_builtins_loaded()
+        with self._lock:
             if not self._plugins_loaded:
                 self._plugins_loaded = True
                 self.load_entry_points()

@@ -8,6 +8,9 @@ documents the contract of each (inputs, params, outputs, template).
 import importlib
 import pkgutil
 
-for _info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-    if not _info.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_info.name}")
+from fusegraph.matching import REGISTRY
+
+with REGISTRY.registering_as("fusegraph"):  # built-ins whichever import reaches this package first
+    for _info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if not _info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{_info.name}")

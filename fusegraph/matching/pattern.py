@@ -18,6 +18,7 @@ group ``fusegraph.patterns``. A broken plugin produces exactly one warning namin
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib
 import inspect
@@ -25,7 +26,7 @@ import logging
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -259,11 +260,20 @@ class PatternRegistry:
                 self.load_entry_points()
 
     def _load_module(self, module: str, source: str) -> None:
-        prev, self._current_source = self._current_source, source
-        try:
+        with self.registering_as(source):
             importlib.import_module(module)
-        finally:
-            self._current_source = prev
+
+    @contextlib.contextmanager
+    def registering_as(self, source: str) -> Iterator[None]:
+        """Patterns registered inside (still marked ``"user"``) get ``source``. The built-in package wraps its own
+        imports in this, so its patterns are ``"fusegraph"`` whichever import reaches them first (a test importing
+        one op folder, codegen loading the lowerings, or :meth:`ensure_builtins_loaded`)."""
+        with self._lock:
+            prev, self._current_source = self._current_source, source
+            try:
+                yield
+            finally:
+                self._current_source = prev
 
     def load_entry_points(self) -> None:
         """Load every ``fusegraph.patterns`` entry point; a failing one warns once (naming it) and is skipped."""

@@ -138,3 +138,16 @@ def test_every_builtin_lowering_is_registered_with_its_patterns():
     assert untyped <= {"generic", "llm_island", "decode_attention", "paged_attention", "paged_kv_write"}, untyped
     for t, low in builtin.items():
         assert all(p.source == "fusegraph" for p in low.patterns), t
+
+
+def test_builtin_patterns_are_fusegraph_whichever_import_comes_first():
+    """A test or a user importing one op folder first (its lowering, say) must not make the built-ins "user"
+    patterns: the plugin tests and the report's source column rely on it (a CI run broke on this order)."""
+    import subprocess
+    import sys
+
+    code = ("import fusegraph.patterns.kv_cache.lowering\n"
+            "from fusegraph.matching import REGISTRY\n"
+            "print(sorted({p.source for p in REGISTRY.patterns() if p.name.startswith('fusegraph.')}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "['fusegraph']", out.stdout + out.stderr

@@ -7,7 +7,7 @@
 For every model, cache length and batch: the full-size config on the meta device (``fusegraph.api``: capture,
 match, lower, generate, exactly the pipeline's kernel), profiled in the interpreter's shape-only mode with the
 step's cache position assumed at the *end* of the cache (``kv_index = L - 1``,
-``codegen.ops.attention.position_assumption``: every sequence's context is the whole cache, so a streamed attention
+``fusegraph.codegen.api.position_assumption``: every sequence's context is the whole cache, so a streamed attention
 reads every block; the default shape-only assumption, position 0, would
 read one block and flatter the kernel), costed by the cost model (``fusegraph.perf``, sourced parameters only).
 ``--layers`` decoder layers are built (the per-partition SBUF peak does not depend on the layer count); the
@@ -64,7 +64,7 @@ def measure(model: str, target: str, L: int, batch: int, layers: int,
     from fusegraph.api.kernel import build_for_target, capture_decode
     from fusegraph.perf.analysis import (cost_strategies, kernel_stats, model_config, one_line_reason,
                                          strategy_summary)
-    from fusegraph.codegen.ops.attention import position_assumption
+    from fusegraph.codegen.api import position_assumption
     from fusegraph.codegen.runtime import abstract_args
     from fusegraph.perf.kernelview import build_view
     from fusegraph.perf.params import load_params

@@ -19,7 +19,8 @@ from .inline_source import InlineSource
 from .ir import Constant, Constraints, Instruction, Value, ValueKind
 from .layout import PMAX, Layout, experts_intermediate_layout, largest_divisor
 from .lowering import ArgSource, Lowerer, preserves_order
-from .op_helpers import numel, per_token_features, sb2sb_dma_engine, x_tokens
+from .op_helpers import (KV_INDEX, KV_NEXT, kv_positions, numel, per_token_features, position_assumption,
+                         sb2sb_dma_engine, x_tokens)
 from .reference import rotate_half
 from .registry import add_template_dir, provide, register_codegen_options, register_instruction, register_lowering
 from .render import nl_dtype
@@ -30,8 +31,8 @@ W = weights
 __all__ = [
     "act_op", "add_template_dir", "ArgSource", "aten", "Chunk", "ChunkUse", "code", "CodegenError", "Constant",
     "Constraints", "Context", "Emitted", "experts_intermediate_layout", "expr", "IND", "InlineSource", "inst_name",
-    "Instruction", "ir", "largest_divisor", "Layout", "linear_chunks", "linear_pieces", "lower_on_host", "Lowerer",
-    "MOVING_MAX", "nbytes", "nl_dtype", "norm_param_chunk", "numel", "per_token_features", "PMAX", "PrefetchPoint",
+    "Instruction", "ir", "KV_INDEX", "KV_NEXT", "kv_positions", "largest_divisor", "Layout", "linear_chunks", "linear_pieces", "lower_on_host", "Lowerer",
+    "MOVING_MAX", "nbytes", "nl_dtype", "norm_param_chunk", "numel", "per_token_features", "PMAX", "position_assumption", "PrefetchPoint",
     "preserves_order", "provide", "PSUM_FREE_FP32", "register_codegen_options", "register_instruction",
     "register_lowering", "rotate_half", "sb2sb_dma_engine", "tiles", "Value", "ValueKind", "W", "weight_for_use",
     "weights", "x_tokens",

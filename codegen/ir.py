@@ -16,11 +16,10 @@ hook                      called by
 ``module_code(ctx)``      :func:`.megakernel.generate`: module-level code before the kernel (sub-functions it calls)
 ``emit(ctx, i)``          :func:`.megakernel.generate`: its NKI code (:class:`~.emitters.Emitted`)
 ``reference(env)``        :func:`.reference.run`: the same math in PyTorch on logical values
-``shard()``               tensor parallelism: how it splits across cores (a declaration; :class:`Shard`)
 ========================  ==========================================================================================
 
-Built-in instructions live with their lowering, template and reference in :mod:`fusegraph.codegen.ops` (one
-module per op); ``ir.RMSNorm`` etc. still resolve here. Values are per-token feature vectors ``[T, F]`` (T
+Built-in instructions live with their lowering, templates and reference in their op folder
+(``fusegraph.patterns.<op>``); ``ir.RMSNorm`` etc. still resolve here. Values are per-token feature vectors ``[T, F]`` (T
 tokens; decode means one position per sequence, so T is the batch) unless stated otherwise. On chip they live in
 SBUF as ``[P, FT, T]`` tiles with feature ``f = ft * P + p`` (see :mod:`.layout`). HBM values (weights, caches,
 step inputs) are kernel arguments.
@@ -69,30 +68,6 @@ class Value:
         for s in self.shape[1:]:
             n *= s
         return n
-
-
-@dataclass(frozen=True)
-class Shard:
-    """How an instruction may split across cores under tensor parallelism, preferred mode first.
-
-    Only a declaration for now (the TP engine that picks one mode per instruction comes later), so that every
-    op states it where the op is defined. Modes: ``column`` (output features split: QKV, gate/up), ``row``
-    (input features split, partial sums all-reduced: o_proj, down), ``heads`` (attention heads or per-head values
-    split), ``experts`` (each core holds some experts), ``intermediate`` (each expert's intermediate dim split),
-    ``elementwise`` (follows the split of its operands), ``replicated`` (every core computes all of it: norms,
-    routers, the residual stream's small ops).
-    """
-
-    modes: tuple[str, ...]
-    note: str = ""
-
-    MODES: ClassVar[frozenset[str]] = frozenset(
-        {"column", "row", "heads", "experts", "intermediate", "elementwise", "replicated"})
-
-    def __post_init__(self) -> None:
-        bad = [m for m in self.modes if m not in self.MODES]
-        if not self.modes or bad:
-            raise ValueError(f"shard modes {self.modes} must be a non-empty subset of {sorted(self.MODES)}")
 
 
 @dataclass
@@ -169,10 +144,6 @@ class Instruction:
 
     def reference(self, env: dict[str, torch.Tensor]) -> None:
         raise CodegenError(f"the reference VM has no implementation of {self.opcode}")
-
-    def shard(self) -> Shard | None:
-        """How it splits under tensor parallelism; None: undeclared (every built-in declares it)."""
-        return None
 
 
 def base_name(ins: Instruction) -> str:

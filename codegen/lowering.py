@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -41,7 +41,10 @@ class ArgSource:
     shape: tuple[int, ...]  # kernel shape
     dtype: torch.dtype
     kind: str
-    convert: str = ""  # "bool_mask": True = attend -> additive 0 / most-negative (SDPA's boolean masks)
+    #: the op's host-side conversion of the node's value before it is shaped for the kernel (a module-level
+    #: function or a ``functools.partial`` of one, so a plan pickles): a boolean mask to an additive one, a scale
+    #: rounded to a table's dtype, a mask to each row's extent; ``None`` = the value as it is
+    convert: Callable[[torch.Tensor], torch.Tensor] | None = None
     #: row ranges of the node's tensor, concatenated (one part of a fused QKV weight; several ranges when the
     #: fused output is split per head, GPT-NeoX style)
     rows: tuple[tuple[int, int], ...] | None = None

@@ -47,3 +47,22 @@ def sb2sb_dma_engine(partitions: int, free_elems: int, itemsize: int) -> str:
     if partitions % 16 == 0 and free_elems * itemsize <= SB2SB_GPSIMD_LIMIT.get(itemsize, 0):
         return ", dma_engine=nisa.dma_engine.gpsimd_dma"
     return ""
+
+
+# ---- the step's cache positions, shared by the KV writes and the attentions that read the written caches ----
+KV_INDEX = "kv_index"  # the SBUF tile of this step's cache positions (loaded once per step, shared with KV writes)
+KV_NEXT = "kv_next"  # the positions + 1 (computed once per step): the bound of the position-bounded block loop
+
+
+def position_assumption(position: int) -> dict[str, int]:
+    """The ``assume`` of a shape-only interpreter run (:func:`fusegraph.nkisim.run`) whose sequences all write
+    this step's row at ``position`` (``L - 1``: a full cache, as the serving benchmarks read it). Why a helper: the
+    position-bounded block loop's bound is the position + 1, a tile the kernel derives from the positions (no data
+    in a shape-only run), so both tiles need the assumption."""
+    return {KV_INDEX: position, KV_NEXT: position + 1}
+
+
+def kv_positions(L: Any) -> dict[str, Any]:
+    """Cache value name -> the per-sequence position input its KV write used in this kernel (filled by the KV-write
+    lowerings, which come first: attention reads the updated cache)."""
+    return L.shared.setdefault("kv_positions", {})

@@ -1,6 +1,6 @@
 """The Python reference VM: run a :class:`~.ir.KernelProgram` instruction by instruction in PyTorch.
 
-Each instruction implements its own ``reference(env)`` (next to its template, in :mod:`fusegraph.codegen.ops`)
+Each instruction implements its own ``reference(env)`` (next to its template, in its op folder ``fusegraph.patterns.<op>``)
 with the same dtype chain as the HF code it replaces, on logical values (activations ``[T, F]``, HBM tensors in
 model shapes). Two uses: template tests compare the generated kernel with it, and
 :mod:`fusegraph.codegen.bisect` compares it (and the kernel) with eager values op by op.

@@ -2,9 +2,10 @@
 
 A pattern names a ``template`` (``register_pattern(..., template="rmsnorm")``); a *lowering* registered for that
 name turns each match into instructions (:class:`~.lowering.Lowerer` is its API). Built-in ops register here
-exactly like a plugin does, from their own module in :mod:`fusegraph.codegen.ops`::
+exactly like a plugin does, from their own folder ``fusegraph.patterns.<op>`` (docs/patterns.md), given the
+pattern objects they lower (so the names a lowering reads are checked at import, :mod:`.contract`)::
 
-    @fusegraph.register_lowering("l2norm", template_dir=Path(__file__).parent / "templates")
+    @register_lowering(l2norm_pattern, template_dir=Path(__file__).parent / "templates")
     def lower(L, m):
         x = L.act(L.input(m, "x"), L.views(m, "x"))
         L.emit(L2Norm(x=x, weight=L.hbm(L.input(m, "weight")), out=L.new_act(L.output(m), L.label(m))), m)
@@ -90,9 +91,8 @@ def ensure_builtins() -> None:
             REGISTRY.ensure_builtins_loaded()  # the op folders: through matching's loader (patterns and lowerings)
 
 
-#: what :func:`ensure_builtins` imports before the built-in op folders: the core's generic lowering (and, until
-#: attention moves into its folder, ``codegen/ops``)
-BUILTIN_MODULES = ("fusegraph.codegen.elementwise", "fusegraph.codegen.ops")
+#: what :func:`ensure_builtins` imports before the built-in op folders: the core's generic (body) lowering
+BUILTIN_MODULES = ("fusegraph.codegen.elementwise",)
 _BODY: list[Lowering] = []  # the lowering of a match whose template has no lowering (its traced body)
 _SERVICES: dict[str, Callable[..., Any]] = {}
 

@@ -1,9 +1,10 @@
 """Jinja2 rendering of the NKI templates, from a search path of template directories.
 
-The kernel's frame (header, signature, weight-chunk DMAs) lives in ``codegen/templates``; each built-in op's
-templates live next to it in ``codegen/ops/templates``; a plugin adds its own directory
-(:func:`add_template_dir`, or ``register_lowering(..., template_dir=...)``). Built-in directories are searched
-first, so a plugin cannot silently replace a built-in template. :func:`fusegraph.codegen.registry.templates_hash` covers every
+The kernel's frame (header, signature, weight-chunk DMAs) and the templates every op shares (loads, stores,
+guards, expressions) live in ``codegen/templates``; each op, built-in or plugin, adds its own folder's
+``templates/`` (:func:`add_template_dir`, or ``register_lowering(..., template_dir=...)``). Directories are
+searched in that order (the built-in op folders load before entry-point plugins), so a plugin cannot silently
+replace a built-in template (a shadowed name is logged). :func:`fusegraph.codegen.registry.templates_hash` covers every
 directory and the code of every lowering, so the kernel cache follows a plugin's templates and code too.
 """
 from __future__ import annotations
@@ -23,9 +24,8 @@ from fusegraph.matching.activations import ALIASES, TABLE
 log = logging.getLogger(__name__)
 
 CODEGEN_DIR = Path(__file__).parent
-TEMPLATE_DIR = CODEGEN_DIR / "templates"  # the kernel's frame
-OPS_TEMPLATE_DIR = CODEGEN_DIR / "ops" / "templates"  # the built-in ops
-BUILTIN_DIRS = (TEMPLATE_DIR, OPS_TEMPLATE_DIR)
+TEMPLATE_DIR = CODEGEN_DIR / "templates"  # the kernel's frame and the shared templates
+BUILTIN_DIRS = (TEMPLATE_DIR,)
 
 NL_DTYPES = {
     torch.float32: "nl.float32",
@@ -47,12 +47,12 @@ _ENV: dict[tuple[Path, ...], jinja2.Environment] = {}
 
 
 def template_dirs() -> tuple[Path, ...]:
-    """The search path: built-in directories, then plugin directories in registration order."""
+    """The search path: the core directory, then the ops' directories in registration order."""
     return BUILTIN_DIRS + tuple(_PLUGIN_DIRS)
 
 
 def add_template_dir(path: Path) -> None:
-    """Append a plugin's template directory to the search path (idempotent). A template name that an earlier
+    """Append an op's template directory to the search path (idempotent). A template name that an earlier
     directory already has is shadowed by it (logged)."""
     path = Path(path).resolve()
     if not path.is_dir():

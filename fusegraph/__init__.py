@@ -30,7 +30,6 @@ _LAZY = {
     "Lowering": ("fusegraph.codegen.registry", "Lowering"),
     "Lowerer": ("fusegraph.codegen.lowering", "Lowerer"),
     "Instruction": ("fusegraph.codegen.ir", "Instruction"),
-    "Shard": ("fusegraph.codegen.ir", "Shard"),
     "Constant": ("fusegraph.codegen.ir", "Constant"),
     # tensor parallelism with fewer KV heads than ranks (docs/tp.md, "When HF cannot shard the KV heads")
     "replicate_kv_heads": ("fusegraph.models.kv_replication", "replicate_kv_heads"),

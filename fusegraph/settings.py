@@ -148,7 +148,7 @@ class Settings:
         "two physical cores of a logical core (halves exchanged with sendrecv), 1 runs on one core.",
         (1, 2),
     )
-    # ---- decode attention templates (codegen/ops/attention.py, docs/serving.md); part of the kernel cache key;
+    # ---- decode attention templates (patterns/attention/lowering.py, docs/serving.md); part of the kernel cache key;
     # also accepted nested as options={"attn": {"pipeline": False, ...}}
     attn_stream_above: int = _opt(
         1024,

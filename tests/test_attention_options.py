@@ -1,6 +1,6 @@
 """The attention templates' switches are options (``attn_*``): they reach codegen through the executor's build, and
 they are part of the kernel cache key, so a warm cache never serves a kernel built with other switches (they used to
-be module globals of codegen/ops/attention.py, outside Settings and outside the key)."""
+be module globals of patterns/attention/lowering.py, outside Settings and outside the key)."""
 from __future__ import annotations
 
 import warnings
@@ -11,7 +11,7 @@ import torch
 
 from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
-from fusegraph.codegen.ops import attention
+from fusegraph.patterns.attention import lowering as attention
 from fusegraph.executors import kernel_cache
 from fusegraph.models import build_decode
 from fusegraph.settings import Settings

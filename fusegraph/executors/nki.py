@@ -464,20 +464,14 @@ def _discard_cached(plan: KernelPlan) -> None:
 
 
 def marshal_input(src: Any, dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor:
-    """A per-step input as the kernel reads it: flattened to the kernel shape, indices as int32 (saturated),
-    boolean masks (True = attend) as additive fp32 masks."""
+    """A per-step input as the kernel reads it: padded, converted by its op (``ArgSource.convert``: a boolean mask
+    to an additive one, ...), flattened to the kernel shape, indices as int32 (saturated)."""
     v = t.detach()
     if getattr(src, "pad", None) is not None and v.shape[-1] < src.pad[0]:
         size, value = src.pad
         v = torch.cat((v, v.new_full((*v.shape[:-1], size - v.shape[-1]), value)), dim=-1)
-    if src.convert.startswith("round_to:"):
-        v = v.to(getattr(torch, src.convert.split(":", 1)[1]))
-    if src.convert == "bool_mask":
-        v = torch.zeros(v.shape, dtype=torch.float32).masked_fill(~v, torch.finfo(torch.float32).min)
-    if src.convert == "mask_extent":  # a paged attention's bound: each row's last unmasked position
-        from ..codegen.ops.paged_attention import mask_extent
-
-        v = mask_extent(v)
+    if getattr(src, "convert", None) is not None:  # the op's conversion (its lowering set it)
+        v = src.convert(v)
     if v.numel() == 1 and len(src.shape) == 1 and src.shape[0] > 1:
         v = v.reshape(1).expand(src.shape[0])
     if dtype == torch.int32 and v.dtype == torch.int64:

@@ -73,7 +73,7 @@ class WriterResult:
     profile: dict[str, Any] | None = field(default=None, repr=False)  # cost profile of the accepted kernel's run
     experience_path: str = ""  # the experience record written for this call ("" when none)
     #: SHA-256 of ``kernel_source`` at the moment it passed verification (or the cache's static checks): what
-    #: inlining it into a megakernel re-hashes against (``codegen/ops/llm_island.py``)
+    #: inlining it into a megakernel re-hashes against (``patterns/llm_island/lowering.py``)
     sha256: str = ""
 
     @property

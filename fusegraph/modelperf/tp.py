@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..api.kernel import CapturedStep, capture_callable
-from ..codegen.ops.attention import position_assumption
+from ..codegen.api import position_assumption
 from ..models.kv_replication import replicated_kv_config
 from ..perf import baselines
 from ..perf.analysis import one_line_reason, profile_program0

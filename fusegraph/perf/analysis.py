@@ -144,7 +144,7 @@ def profile_program0(generated: Any, target: str, settings: Any,
     kwargs: dict[str, Any] = {"lnc": settings.lnc}
     if settings.sbuf_budget:
         kwargs["sbuf_budget"] = settings.sbuf_budget
-    if assume is not None:  # shape-only register values (e.g. codegen.ops.attention.position_assumption(L - 1): a full cache)
+    if assume is not None:  # shape-only register values (e.g. codegen.api.position_assumption(L - 1): a full cache)
         kwargs["assume"] = assume
     nkisim.run(ns[generated.name], *_abstract_args(generated), target=target, shape_only=True, trace=True, **kwargs)
     prof = nkisim.last_profile()

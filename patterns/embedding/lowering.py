@@ -3,6 +3,7 @@ vocab-parallel lookup of one tensor-parallel rank (``fusegraph.vocab_parallel_em
 a vocabulary-sharded table, its all-reduce lowered by ``ops/collective.py``)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -96,6 +97,12 @@ def _tokens(m: Any, graph: Any) -> int | None:
     return int(shape[0])
 
 
+def round_to(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The embedding scale rounded to the table's dtype on the host, as the model multiplies by it (Gemma's
+    ``hidden_size ** 0.5`` in bf16); the kernel then reads it as fp32 (``ArgSource.convert``)."""
+    return scale.to(dtype)
+
+
 @register_lowering(embedding, tokens=_tokens, instructions=[Embed])
 def lower_embedding(L: Lowerer, m: Any) -> None:
     ids = L.input(m, "indices")
@@ -104,7 +111,7 @@ def lower_embedding(L: Lowerer, m: Any) -> None:
     scale = None
     if m.inputs.get("scale"):  # rounded to the table's dtype, as the model does, then read as fp32
         scale = L.step_input(m.inputs["scale"], (1,), torch.float32, "embed_scale")
-        L.arg_source(scale).convert = f"round_to:{table.dtype}".replace("torch.", "")
+        L.arg_source(scale).convert = functools.partial(round_to, dtype=table.dtype)
     out = L.new_act(L.output(m), L.label(m))
     L.emit(Embed(ids=idv, table=table, out=out, scale=scale), m)
 

@@ -6,7 +6,7 @@ looks the rest up at ``id - start`` (masked ids at row 0), and zeroes the masked
 follows (matched by ``fusegraph.all_reduce``) sums exactly one real row per token. ``start`` and ``end`` are
 constants of the rank (captured as params); ``check`` requires ``end - start`` to be the local table's row count,
 which is what DTensor's even and uneven shards both give. The matcher does not compare the values of lifted
-constants, so the lowering's check (``codegen/ops/embedding.py``) requires both fill values to be zero.
+constants, so the lowering's check (``lowering.py``) requires both fill values to be zero.
 """
 from __future__ import annotations
 

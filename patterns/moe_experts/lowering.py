@@ -47,7 +47,7 @@ class Experts(ir.Instruction):
     #: eager loop's ``.to(dtype)``); False for the ``*fp32_weights`` variants (HF Mixtral's fp32 routing weights:
     #: fp32 products summed in fp32, rounded once at the end)
     round_terms: bool = True
-    #: expert parallelism (``codegen/ops/experts_ep.py``): ``[T, K]`` fp32, 1 where the choice is one of this
+    #: expert parallelism (``lowering_ep.py``): ``[T, K]`` fp32, 1 where the choice is one of this
     #: rank's experts; the one-token path then runs (DMAs, matmuls, accumulation) only those choices (None: all)
     mine: ir.Value | None = None
 

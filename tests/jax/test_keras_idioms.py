@@ -257,7 +257,7 @@ def test_attention_with_a_per_head_mask_is_left_as_is():
 
 def _fp32_score_attention(q, k, v, mask):
     """The decode_attention kernel's ``fused`` (SDPA) rounding in torch: fp32 scores, scale, mask and softmax,
-    the probabilities rounded once to q's dtype, ``@ v`` (codegen/ops/attention.py ``Attention.reference``)."""
+    the probabilities rounded once to q's dtype, ``@ v`` (patterns/attention/lowering.py ``Attention.reference``)."""
     q, k, v = (torch.from_numpy(np.asarray(t, np.float32)).to(torch.bfloat16).transpose(1, 2) for t in (q, k, v))
     k, v = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
     s = torch.matmul(q.float(), k.float().transpose(2, 3)) * D ** -0.5

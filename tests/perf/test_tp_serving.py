@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fusegraph.codegen.ops.attention import position_assumption
+from fusegraph.codegen.api import position_assumption
 from fusegraph.modelperf import tp
 from fusegraph.perf.params import load_params
 

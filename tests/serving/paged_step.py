@@ -1,4 +1,4 @@
-"""A small paged-KV decode step written in plain PyTorch (the test client of ``patterns/paged_attention.py``), in
+"""A small paged-KV decode step written in plain PyTorch (the test client of ``patterns/paged_attention/pattern.py``), in
 the vLLM layout: per layer a key and a value cache of ``[num_blocks, block_size, kv_heads, head_dim]``, a block
 table ``[B, max_blocks]`` per sequence (the cache blocks holding its positions, in order), a slot mapping ``[B]``
 (the flat row ``block * block_size + offset`` this step's key/value goes to) and context lengths ``[B]`` (positions

@@ -11,7 +11,7 @@ import torch
 from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
 from fusegraph.codegen.errors import CodegenError
-from fusegraph.codegen.ops.paged_attention import PagedAttention, PagedKVWrite, block_segments, mask_extent
+from fusegraph.patterns.paged_attention.lowering import PagedAttention, PagedKVWrite, block_segments, mask_extent
 from fusegraph.codegen.testing import Builder, V
 from fusegraph.nkiapi.conformance import check_source
 

@@ -13,7 +13,7 @@ from fusegraph import nkisim
 from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
 from fusegraph.codegen.megakernel import generate
-from fusegraph.codegen.ops.paged_attention import PagedAttention, mask_extent
+from fusegraph.patterns.paged_attention.lowering import PagedAttention, mask_extent
 from fusegraph.codegen.runtime import abstract_args
 from fusegraph.codegen.testing import V
 from fusegraph.nkiapi.conformance import check_source

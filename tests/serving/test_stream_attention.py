@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fusegraph.codegen import ir
-from fusegraph.codegen.ops import attention
-from fusegraph.codegen.ops.attention import row_groups, stream_plan
+from fusegraph.patterns.attention import lowering as attention
+from fusegraph.patterns.attention.lowering import row_groups, stream_plan
 from fusegraph.nkiapi.conformance import check_source
 
 from fusegraph.codegen.testing import Builder, V

@@ -12,10 +12,10 @@ import warnings
 import pytest
 import torch
 
-import fusegraph.codegen.ops.attention as attention
+import fusegraph.patterns.attention.lowering as attention
 from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
-from fusegraph.codegen.ops.attention import kt_by_dma
+from fusegraph.patterns.attention.lowering import kt_by_dma
 from fusegraph.nkiapi.conformance import check_source
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fusegraph import nkisim
-from fusegraph.codegen.ops.attention import block_starts, stream_plan
+from fusegraph.patterns.attention.lowering import block_starts, stream_plan
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_paged_extent import _gathers, _program as _paged_program  # noqa: E402

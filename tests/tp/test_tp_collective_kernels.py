@@ -1,4 +1,4 @@
-"""The collective instructions (``codegen/ops/collective.py``) in generated kernels, on ranks simulated as threads
+"""The collective instructions (``patterns/collectives/lowering.py``) in generated kernels, on ranks simulated as threads
 of this process (``nkisim.run(..., ranks=N)``): an SBUF all-reduce after a per-rank activation and an SBUF
 all-gather of per-rank features, checked against torch's sum / concatenation of the ranks' inputs, with LNC=1 and
 LNC=2 (two programs per rank: program p of every rank forms its own collective group), plus the region-formation

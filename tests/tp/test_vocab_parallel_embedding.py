@@ -1,5 +1,5 @@
 """The vocab-parallel embedding inside the TP megakernel (``patterns/vocab_parallel_embedding.py``,
-``codegen/ops/embedding.py: VocabParallelEmbed``, ``embed_vocab_parallel.j2``).
+``patterns/embedding/lowering.py: VocabParallelEmbed``, ``embed_vocab_parallel.j2``).
 
 The lowering alone, in generated (conformance-checked) kernels run by the interpreter: each rank's lookup equals
 DTensor's semantics (its own rows at ``id - start``, zero rows for every other id, whatever the id: another rank's,

@@ -8,7 +8,7 @@ order, a slot mapping ``[B]`` (the flat row ``block * block_size + offset`` of t
   ``[B, KV, max_blocks * block_size, D]``, then HF's eager GQA attention with an additive mask (positions past
   each sequence's context length masked).
 
-The test client is ``tests/serving/paged_step.py``; both lower in ``codegen/ops/paged_attention.py``.
+The test client is ``tests/serving/paged_step.py``; both lower in ``lowering.py`` next to this module.
 """
 import torch
 
@@ -63,6 +63,7 @@ def _derive(m):
     dims={"B": (2, 3), "NB": (9, 10), "BS": (4, 5), "MB": (3, 4), "KV": (2, 3), "G": (3, 4), "D": (8, 12)},
     check=_check,
     derive=_derive,
+    derived=("num_key_value_groups",),
 )
 def paged_attention(q, k_cache, v_cache, block_table, mask, *, scale):
     """``softmax(q @ K^T * scale + mask, fp32).to(q.dtype) @ V`` with ``K``/``V`` the blocks of each sequence's

@@ -51,6 +51,7 @@ def _derive(m):
     dims={"B": (2, 5), "KV": (2, 3), "G": (3, 4), "L": (16, 20), "D": (8, 12)},
     check=_check,
     derive=_derive,
+    derived=("num_key_value_groups",),
 )
 def decode_attention(q, k, v, mask, *, scale):
     """``softmax(q @ repeat_kv(k).T * scale + mask, dim=-1, fp32).to(q.dtype) @ repeat_kv(v)``."""
@@ -89,6 +90,7 @@ def _sdpa_additive(q, k, v, mask, *, scale):
     dims={"B": (2, 5), "KV": (2, 3), "G": (3, 4), "L": (16, 20), "D": (8, 12)},
     check=_check,
     derive=_derive,
+    derived=("num_key_value_groups",),
 )
 def decode_attention_softcap(q, k, v, mask, *, scale, softcap):
     """Gemma 2: the scores soft-capped, ``tanh(s / softcap) * softcap``, before the mask."""

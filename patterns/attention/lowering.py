@@ -45,13 +45,10 @@ from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 
-from .. import ir
-from ..emitters import MOVING_MAX, PSUM_FREE_FP32, Context, Emitted, aten, code, expr, inst_name, nbytes, tiles
-from ..errors import CodegenError
-from ..layout import PMAX
-from ..lowering import Lowerer
-from ..registry import register_codegen_options, register_lowering
-from ..render import nl_dtype
+from fusegraph.codegen.api import (aten, code, CodegenError, Context, Emitted, expr, inst_name, ir, KV_INDEX, KV_NEXT,
+                                    kv_positions, Lowerer, MOVING_MAX, nbytes, nl_dtype, PMAX, PSUM_FREE_FP32,
+                                    register_codegen_options, register_lowering, tiles)
+from .decode_attention import decode_attention, decode_attention_softcap
 
 V = ir.ValueKind
 
@@ -122,18 +119,6 @@ def use_switches(sw: StreamSwitches) -> Iterator[StreamSwitches]:
         yield sw
     finally:
         _SWITCHES.reset(token)
-
-
-KV_INDEX = "kv_index"  # the SBUF tile of this step's cache positions (loaded once per step, shared with KV writes)
-KV_NEXT = "kv_next"  # the positions + 1 (computed once per step): the bound of the position-bounded block loop
-
-
-def position_assumption(position: int) -> dict[str, int]:
-    """The ``assume`` of a shape-only interpreter run (:func:`fusegraph.nkisim.run`) whose sequences all write
-    this step's row at ``position`` (``L - 1``: a full cache, as the serving benchmarks read it). Why a helper: the
-    position-bounded block loop's bound is the position + 1, a tile the kernel derives from the positions (no data
-    in a shape-only run), so both tiles need the assumption."""
-    return {KV_INDEX: position, KV_NEXT: position + 1}
 
 
 def stream_plan(L: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int, *, pos_split: bool = False,
@@ -451,9 +436,6 @@ class Attention(ir.Instruction):
         p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         env[self.out.name] = torch.matmul(p, v).reshape(self.out.shape)
 
-    def shard(self) -> ir.Shard:
-        return ir.Shard(("heads",), "each core attends with its kv heads and their query groups")
-
 
 def _check(m: Any, graph: Any, tokens: int | None) -> str | None:
     if not m.inputs.get("mask"):
@@ -461,7 +443,13 @@ def _check(m: Any, graph: Any, tokens: int | None) -> str | None:
     return None
 
 
-@register_lowering("decode_attention", check=_check, instructions=[Attention])
+def bool_to_additive(mask: torch.Tensor) -> torch.Tensor:
+    """SDPA's boolean mask (True = attend) as the additive fp32 mask the kernel adds: 0 / the most negative fp32
+    (the host converts each step's mask; ``ArgSource.convert``)."""
+    return torch.zeros(mask.shape, dtype=torch.float32).masked_fill(~mask, torch.finfo(torch.float32).min)
+
+
+@register_lowering(decode_attention, decode_attention_softcap, check=_check, instructions=[Attention])
 def lower_attention(L: Lowerer, m: Any) -> None:
     q_node = L.input(m, "q")
     q = L.act(q_node, L.views(m, "q"))
@@ -476,8 +464,8 @@ def lower_attention(L: Lowerer, m: Any) -> None:
     bool_mask = L.node(mask_node).get("dtype") == "bool"
     mask = L.step_input(mask_node, (L.T, Lc), torch.float32 if bool_mask else None, label="attn_mask")
     if bool_mask:
-        L.arg_source(mask).convert = "bool_mask"
-    groups = int(m.params.get("num_key_value_groups") or m.params.get("groups") or (q.features // D) // Hkv)
+        L.arg_source(mask).convert = bool_to_additive
+    groups = int(m.params.get("num_key_value_groups") or (q.features // D) // Hkv)
     scale = float(m.params.get("scale", D ** -0.5))
     out = L.new_act(L.output(m), L.label(m, "attn"))
     # the pattern's SDPA implementations keep the scores in fp32; its eager one rounds them like HF eager
@@ -487,12 +475,6 @@ def lower_attention(L: Lowerer, m: Any) -> None:
     index = kv_positions(L).get(k.name)
     L.emit(Attention(q=q, k_cache=k, v_cache=v, mask=mask, out=out, scale=scale, groups=groups, rounding=rounding,
                      softcap=float(m.params.get("softcap") or 0.0), index=index), m)
-
-
-def kv_positions(L: Lowerer) -> dict[str, ir.Value]:
-    """Cache value name -> the per-sequence position input its KV write used in this kernel (filled by the KV-write
-    lowerings, which come first: attention reads the updated cache)."""
-    return L.shared.setdefault("kv_positions", {})
 
 
 def _settings_switches(settings: Any) -> contextlib.AbstractContextManager:

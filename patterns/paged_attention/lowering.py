@@ -1,4 +1,4 @@
-"""Paged KV caches (vLLM's layout, ``patterns/paged_attention.py``): the new row written at its slot, decode
+"""Paged KV caches (vLLM's layout, :mod:`.pattern`): the new row written at its slot, decode
 attention over the blocks each sequence's block table names.
 
 * :class:`PagedKVWrite` (``kv_paged_write.j2``): one DMA per sequence into the flat ``[NB * BS, KV, D]`` pool at
@@ -14,7 +14,7 @@ attention over the blocks each sequence's block table names.
   work. A skipped block's table entries are not read by the kernel (the first block's always are, and the eager
   reference that verifies the kernel gathers every entry, so padding entries must still name a valid block).
   A table of a length that is not a multiple of the streamed block starts with one shorter block
-  (:func:`~.attention.block_starts`).
+  (:func:`fusegraph.patterns.attention.lowering.block_starts`).
 
 Limits: block sizes that divide 128 or are multiples of it; tables of at least 128 positions; heads of at most
 128 features; under LNC=2 the kv heads must split between the two cores.
@@ -26,13 +26,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from .. import ir
-from ..emitters import Context, Emitted, aten, code, inst_name, nbytes
-from ..errors import CodegenError
-from ..layout import PMAX
-from ..lowering import ArgSource, Lowerer
-from ..registry import register_lowering
-from .attention import Attention, block_starts, stream_plan, switches
+from fusegraph.codegen.api import (ArgSource, aten, code, CodegenError, Context, Emitted, inst_name, ir, Lowerer,
+                                    nbytes, PMAX, register_lowering)
+from fusegraph.patterns.attention.lowering import Attention, block_starts, stream_plan, switches
+from .pattern import paged_attention, paged_kv_write
 
 V = ir.ValueKind
 
@@ -40,7 +37,6 @@ V = ir.ValueKind
 # 512 positions): blocks after a sequence's extent are skipped whole, so a smaller block reads fewer positions past
 # it (at most that minus 1); the gathers are one per cache block (or 128-position tile) whatever the streamed block is
 EXTENT = "kv_extent"  # the [1, T] SBUF tile of each sequence's last unmasked position (loaded once per step)
-MASK_EXTENT = "mask_extent"  # ArgSource.convert: the host computes the extent from the step's mask
 
 
 def mask_extent(mask: torch.Tensor) -> torch.Tensor:
@@ -106,9 +102,6 @@ class PagedKVWrite(ir.Instruction):
         NB, BS, H, D = cache.shape
         rows = env[self.value.name].reshape(-1, H, D)
         cache.view(NB * BS, H, D)[env[self.slots.name].reshape(-1).long()] = rows
-
-    def shard(self) -> ir.Shard:
-        return ir.Shard(("heads",), "each core writes the rows of its kv heads")
 
 
 def block_segments(Lb: int, nblocks: int, BS: int) -> list[list[tuple[int, int, int, int, int]]]:
@@ -207,7 +200,7 @@ class PagedAttention(Attention):
         env[self.out.name] = view[self.out.name]
 
 
-@register_lowering("paged_kv_write", instructions=[PagedKVWrite])
+@register_lowering(paged_kv_write, instructions=[PagedKVWrite])
 def lower_paged_write(L: Lowerer, m: Any) -> None:
     cache_node = L.input(m, "cache")
     cache = L.hbm(cache_node)
@@ -221,7 +214,7 @@ def lower_paged_write(L: Lowerer, m: Any) -> None:
         L.alias(o, cache_node)
 
 
-@register_lowering("paged_attention", instructions=[PagedAttention])
+@register_lowering(paged_attention, instructions=[PagedAttention])
 def lower_paged_attention(L: Lowerer, m: Any) -> None:
     q = L.act(L.input(m, "q"), L.views(m, "q"))
     k, v = L.hbm(L.input(m, "k_cache")), L.hbm(L.input(m, "v_cache"))
@@ -243,11 +236,11 @@ def lower_paged_attention(L: Lowerer, m: Any) -> None:
 def _extent_input(L: Lowerer, mask_node: str) -> ir.Value:
     """The per-step ``[T]`` int32 argument of each sequence's last unmasked position, computed on the host from
     the mask node's value (``ArgSource.convert``); one per mask, shared by every layer that reads it."""
-    key = f"{mask_node}#{MASK_EXTENT}"
+    key = f"{mask_node}#kv_extent"
     if key in L.values:
         return L.values[key]
     v = ir.Value(L.unique("kv_extent_in"), V.INPUT, (L.T,), torch.int32, node=mask_node)
     L.values[key] = v
     L.order.append(v)
-    L.args[v.name] = ArgSource(mask_node, (L.T,), torch.int32, V.INPUT, convert=MASK_EXTENT)
+    L.args[v.name] = ArgSource(mask_node, (L.T,), torch.int32, V.INPUT, convert=mask_extent)
     return v

@@ -6,8 +6,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from fusegraph.codegen.api import (aten, code, CodegenError, Context, Emitted, expr, inst_name, ir, Lowerer,
-                                    nl_dtype, register_lowering)
+from fusegraph.codegen.api import (aten, code, CodegenError, Context, Emitted, expr, inst_name, ir, KV_INDEX,
+                                    kv_positions, Lowerer, nl_dtype, register_lowering)
 from .kv_cache_update import kv_cache_update
 from .sliding_window_cache import sliding_window_roll
 
@@ -27,9 +27,9 @@ class KVWrite(ir.Instruction):
 
     def setup(self, ctx: Context) -> list[str]:
         """The cache position of every token, loaded once per step (every layer writes at the same positions)."""
-        if "kv_index" in ctx.inputs:
+        if KV_INDEX in ctx.inputs:
             return []
-        ctx.inputs["kv_index"] = "kv_index"
+        ctx.inputs[KV_INDEX] = KV_INDEX
         return [code("kv_index.j2", T=ctx.tokens, index=self.index.name)]
 
     def emit(self, ctx: Context, i: int) -> Emitted:
@@ -42,7 +42,7 @@ class KVWrite(ir.Instruction):
         e = Emitted()
         # a head split over partition tiles (D > 128) is written from its tiles: P features per tile, tile stride P
         e.code("kv_write.j2", module=self.module or "", aten=aten(self), name=inst_name(self), T=ctx.tokens, D=D, H=H,
-               L=L, cache=ctx.var(self.cache), index=ctx.inputs["kv_index"], value=ctx.var(self.value),
+               L=L, cache=ctx.var(self.cache), index=ctx.inputs[KV_INDEX], value=ctx.var(self.value),
                half=ctx.split(H), split=lay.split, P=lay.P)
         return e
 
@@ -62,7 +62,7 @@ def lower_kv_update(L: Lowerer, m: Any) -> None:
     value = L.act(L.input(m, "value"), L.views(m, "value"))
     index = L.step_input(L.input(m, "index"), (L.T,), torch.int32, "kv_position")
     L.emit(KVWrite(cache=cache, value=value, index=index), m)
-    L.shared.setdefault("kv_positions", {})[cache.name] = index
+    kv_positions(L)[cache.name] = index
     L.state[cache.name] = cache_node
     for o in m.outputs.values():  # the updated cache *is* the state tensor
         L.alias(o, cache_node)

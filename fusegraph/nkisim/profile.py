@@ -132,6 +132,25 @@ class Profile:
     def engine(self, name: str) -> EngineStats:
         return self.engines[name]
 
+    def named(self, suffix: str, opcode: str | None = None) -> list[SiteStats]:
+        """The sites of the instructions whose ``name=`` ends with ``suffix`` (and whose opcode is ``opcode``, when
+        given). A site is one source line and opcode; it matches when one of its recorded names does (a site keeps
+        at most 16 names, which is every name of a generated kernel's line: one ``name=`` per call)."""
+        return [s for s in self.sites
+                if (opcode is None or s.opcode == opcode) and any(n.endswith(suffix) for n in s.names)]
+
+    def executions(self, suffix: str | None = None, opcode: str | None = None) -> int:
+        """How many instructions ran (all programs and ranks) with a ``name=`` ending in ``suffix`` (any name when
+        None) and, when given, opcode ``opcode``; what a kernel did, independent of how its source spells it."""
+        sites = self.sites if suffix is None else self.named(suffix)
+        return sum(s.count for s in sites if opcode is None or s.opcode == opcode)
+
+    def named_dmas(self, suffix: str) -> list[DmaStats]:
+        """The DMA aggregates (:class:`DmaStats`: bytes, descriptors, endpoints, indirection) issued from the source
+        lines of the instructions whose ``name=`` ends with ``suffix``."""
+        where = {(s.file, s.line) for s in self.named(suffix)}
+        return [d for d in self.dmas if (d.file, d.line) in where]
+
     def counters(self) -> dict[str, Any]:
         """The data-independent counters (used to compare shape-only and data runs)."""
         return {

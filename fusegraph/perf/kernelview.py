@@ -379,6 +379,82 @@ def _executed_allocs(lines: list[KernelLine], allocs: dict[int, list]) -> dict[i
     return new_allocs
 
 
+@dataclass(frozen=True)
+class Loop:
+    """One ``for`` statement of a kernel function, as written (:func:`loops`)."""
+
+    line: int  # the header's line number (what :attr:`KernelLine.loops` lists)
+    var: str  # the loop target as written ("t", "_", "x_o_pos")
+    kind: str  # the iterator's function name: "range", "dynamic_range", "affine_range", ... ("" for another iterable)
+    #: the bounds: an int where the source has a literal, else the expression's text (a register, a name)
+    start: int | str | None
+    stop: int | str | None
+    step: int | str | None
+    outer: tuple[int, ...]  # header lines of the enclosing for loops, outermost first
+    end_line: int  # the last line of its body
+
+    @property
+    def hardware(self) -> bool:
+        """A hardware loop (``nl.dynamic_range``: the trip count known at run time), not one the trace unrolls."""
+        return self.kind == "dynamic_range"
+
+    @property
+    def trips(self) -> int | None:
+        """The trip count when start, stop and step are literals, else None."""
+        if all(isinstance(v, int) for v in (self.start, self.stop, self.step)) and self.step:
+            return max(0, -(-(self.stop - self.start) // self.step))
+        return None
+
+
+def _bound(node: ast.AST | None) -> int | str | None:
+    if node is None:
+        return None
+    try:
+        v = ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        return ast.unparse(node)
+    return v if isinstance(v, int) else ast.unparse(node)
+
+
+def loops(source: str, kernel: str | None = None) -> list[Loop]:
+    """The ``for`` loops of the kernel function in source order, with their kind and bounds (parsed with
+    :mod:`ast`, never executed): ``range(n)`` / ``range(a, b, s)`` and the ``nl.*_range`` calls, positional or
+    ``start=/stop=/step=`` arguments (a one-argument range is ``start=0, stop=n``; a missing step is 1)."""
+    fn = _kernel_function(ast.parse(source), kernel)
+    out: list[Loop] = []
+
+    def visit(stmts: list[ast.stmt], outer: tuple[int, ...]) -> None:
+        for st in stmts:
+            if isinstance(st, ast.For):
+                kind, start, stop, step = "", None, None, None
+                it = st.iter
+                if isinstance(it, ast.Call):
+                    kind = ast.unparse(it.func).rsplit(".", 1)[-1]
+                    args = list(it.args)
+                    kw = {k.arg: k.value for k in it.keywords if k.arg}
+                    if len(args) == 1 and "stop" not in kw:
+                        args = [ast.Constant(0)] + args
+                    named = dict(zip(("start", "stop", "step"), args)) | kw
+                    start, stop = _bound(named.get("start")), _bound(named.get("stop"))
+                    step = _bound(named["step"]) if "step" in named else 1
+                    if start is None and stop is not None:
+                        start = 0
+                out.append(Loop(st.lineno, ast.unparse(st.target), kind, start, stop, step, outer,
+                                st.end_lineno or st.lineno))
+                visit(st.body, outer + (st.lineno,))
+                visit(st.orelse, outer)
+                continue
+            for name in ("body", "orelse", "finalbody"):
+                inner = getattr(st, name, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    visit(inner, outer)
+            for h in getattr(st, "handlers", None) or ():
+                visit(h.body, outer)
+
+    visit(fn.body, ())
+    return out
+
+
 def hardware_loops(source: str, kernel: str | None = None) -> frozenset[int]:
     """Line numbers of the kernel's ``for`` statements over ``nl.dynamic_range`` (loops the hardware runs, with
     a runtime trip count, instead of loops the trace unrolls)."""

@@ -197,3 +197,34 @@ def test_cli_reports_kernel_errors(tmp_path):
                  "import numpy as np\nk(np.zeros(4, np.float32))\n")
     assert main([str(f)]) == 1
     assert "nki" not in sys.modules
+
+
+def test_profile_named_executions_and_dmas():
+    """``Profile.named`` / ``executions`` / ``named_dmas``: the instructions that ran, by ``name=`` suffix and opcode
+    (what tests assert instead of substrings of a kernel's source)."""
+    src = """import nki
+import nki.language as nl
+import nki.isa as nisa
+
+
+@nki.jit
+def k(x):
+    t = nl.ndarray(shape=(128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    out = nl.ndarray(shape=(128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    for i in range(3):
+        nisa.dma_copy(dst=t, src=x, name="L0.a.load")
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0, name="L0.a.scale")
+    # nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0, name="L0.a.never")
+    nisa.dma_copy(dst=out, src=t, name="L0.a.store")
+    return out
+"""
+    fn = nkisim.load_kernel_source(src, "/virtual/named_sites.py", target="trn2")["k"]
+    nkisim.run(fn, np.ones((128, 8), np.float32))
+    p = nkisim.last_profile()
+    assert p.executions(".scale") == 3 and p.executions(".scale", "tensor_scalar") == 3
+    assert p.executions(".scale", "dma_copy") == 0 and p.executions(".never") == 0  # a comment runs nothing
+    assert p.executions(opcode="dma_copy") == 4 and p.executions() == p.instructions
+    assert [s.line for s in p.named(".load")] == [11] and p.named(".a.load", "tensor_scalar") == []
+    (load,) = p.named_dmas(".load")
+    assert load.count == 3 and load.bytes == 3 * 128 * 8 * 4 and load.src_tensor == "x"
+    assert p.named_dmas(".scale") == []  # no DMA on that line

@@ -63,3 +63,41 @@ def test_view_matches_the_profile(tiny_builds):
     # operand dtypes come from the profile: a matmul's stationary/moving inputs, not only its fp32 PSUM output
     mm = next(ln for ln in view.lines if ln.opcode == "nc_matmul")
     assert set(mm.input_dtypes) == {"stationary", "moving"} and mm.sites[0]["dtypes"] == ["float32"]
+
+
+LOOPS = '''
+import nki
+import nki.language as nl
+import nki.isa as nisa
+
+
+@nki.jit
+def k(x, idx):
+    for t in range(3):
+        r = nisa.register_alloc()
+        nisa.register_load(dst=r, src=idx[0:1, t:t + 1])
+        for g in range(1, 5, 2):
+            if t == 0:
+                for _ in nl.dynamic_range(start=r, stop=256, step=256):
+                    nisa.memset(dst=x, value=0.0, name="L0.a.guarded")
+        for pos in nl.dynamic_range(256, r, 128):
+            nisa.memset(dst=x, value=1.0, name="L0.a.block")
+    # for u in nl.dynamic_range(0, 8): (a comment is not a loop)
+    return x
+'''
+
+
+def test_loops_kinds_bounds_and_nesting():
+    from fusegraph.perf.kernelview import loops
+
+    got = loops(LOOPS)
+    assert [(lp.var, lp.kind, lp.start, lp.stop, lp.step) for lp in got] == [
+        ("t", "range", 0, 3, 1), ("g", "range", 1, 5, 2), ("_", "dynamic_range", "r", 256, 256),
+        ("pos", "dynamic_range", 256, "r", 128)]
+    t, g, guard, blocks = got
+    assert [lp.hardware for lp in got] == [False, False, True, True]
+    assert (t.trips, g.trips, guard.trips) == (3, 2, None)
+    assert guard.outer == (t.line, g.line) and blocks.outer == (t.line,) and t.outer == ()
+    lines = {ln.name: ln for ln in parse_source(LOOPS)[0]}
+    assert lines["L0.a.guarded"].loops == (t.line, g.line, guard.line)  # KernelLine.loops are Loop.line
+    assert t.line < blocks.line <= blocks.end_line <= t.end_line

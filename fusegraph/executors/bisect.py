@@ -14,7 +14,7 @@ from ..codegen.bisect import Divergence, first_divergence
 from ..program import Program
 from .eager import build_plan, run_plan
 from .kernel_cache import codegen_options
-from .nki import marshal_input
+from .kernel_args import kernel_args as args_of, marshal_input
 
 
 def _cloned(args: list) -> list:
@@ -40,7 +40,7 @@ def bisect_graph(program: Program, graph_index: int = 0, **kw: Any) -> list[Dive
         # eager values for everything the kernel reads, but the state as it was before the step
         kargs_env = dict(env)
         kargs_env.update(zip(run.input_ids, _cloned(run.last_args)))
-        kernel_args = run._kernel_args(plan, kargs_env)
+        kernel_args = args_of(plan, kargs_env)
         ref_env = {name: (marshal_input(src, plan.generated.specs[name].dtype, kargs_env[src.node])
                           if src.kind == "input" else src.value(kargs_env[src.node]))
                    for name, src in plan.lowered.args.items()}

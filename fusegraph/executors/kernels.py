@@ -38,6 +38,11 @@ class KernelPlan:
     prepared: dict[str, tuple[int, int, torch.Tensor]] = field(default_factory=dict)
     cache_entry: Path | None = None  # the cache entry that served the kernel (discarded if it fails to load/verify)
 
+    def tripped_guards(self, results: dict) -> list[str]:
+        """Why this call's results cannot stand: the guards the kernel raised (see ``codegen.io.Guard``), each the
+        reason of one guard output that is non-zero; empty when none was."""
+        return [why for name, why in self.lowered.guards.items() if bool((results[name] != 0).any())]
+
 
 def decode_tokens(program: Program, region: Any) -> int:
     """Tokens per step (the batch of a decode step), as the region's lowerings size it (``tokens=`` of

@@ -24,12 +24,14 @@ from ..settings import Settings
 from ..warnings import one_line, warn
 from .base import RETIRE_AFTER_FAILURES, Runner, register_executor
 from .eager import _resolver, build_plan, run_plan
+from .kernel_args import kernel_args
 from .kernel_cache import discard
 from .kernels import FAILED, OK, RETRY, KernelPlan, agree, build_plans, covered_collectives, describe_disagreement
 from .llm_fallback import IslandStep, bind_inlined, island_steps, plan_inline, run_island, write_islands
 from .schedule import KernelSlot, build_schedule
 from .state_journal import StateJournal
-from .weight_keys import weight_key
+from .steps import build_steps
+from .verify import state_copies, verification_problems
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,7 @@ class _Run:
                                               key=lambda n: G.nodes[n]["order"]) for p in plans}
         self._failures: dict[int, int] = {id(p): 0 for p in plans}  # consecutive failing calls of each kernel
         while True:
-            steps, missing = self._build_steps(schedule)
+            steps, missing = build_steps(program, graph_index, plans, self.active, schedule, self.input_ids)
             if missing is None:
                 break
             k, node = missing
@@ -124,43 +126,6 @@ class _Run:
         excluded = {n for m in self.analysis.matches if is_host_side(m.pattern.template) for n in m.nodes}
         rest = write_islands(self.program, graph_index, covered, excluded, self.settings, known=written)
         return [i for i in written if i.inlined] + rest
-
-    def _build_steps(self, schedule: list) -> tuple[list, tuple[int, str] | None]:
-        """Schedule items -> executable steps; also check every eager op finds its inputs (else: which kernel
-        hides a value it needs)."""
-        program, G = self.program, self.program.graph
-        available = set(self.input_ids)
-        owner: dict[str, int] = {}
-        steps: list = []
-        for item in schedule:
-            if isinstance(item, KernelSlot) and item.index in self.active:
-                plan = self.plans[item.index]
-                for src in plan.lowered.args.values():
-                    if src.node not in available:
-                        return [], (item.index, src.node)
-                steps.append(item)
-                for n in plan.lowered.kernel_nodes:
-                    owner[n] = item.index
-                available |= set(plan.lowered.outputs.values())
-                available |= {n for n in plan.lowered.kernel_nodes if G.nodes[n].get("writes_state")}
-                continue
-            nodes = ([item] if not isinstance(item, KernelSlot) else
-                     sorted(self.plans[item.index].lowered.kernel_nodes, key=lambda n: G.nodes[n]["order"]))
-            for n in nodes:
-                if n in available:  # produced by a kernel already
-                    continue
-                for a in G.predecessors(n):
-                    if G.edges[a, n].get("hazard") or G.nodes[a]["graph"] != G.nodes[n]["graph"]:
-                        continue
-                    if a not in available and a in owner:
-                        return [], (owner[a], a)
-                steps.extend(build_plan(program, [n]))
-                available.add(n)
-        for o in program.captured(self.program_graph).outputs:
-            node = getattr(o, "node", None)
-            if node is not None and node not in available and node in owner:
-                return [], (owner[node], node)
-        return steps, None
 
     def __call__(self, args: Sequence[Any]) -> list:
         self.last_args = list(args)
@@ -246,36 +211,9 @@ class _Run:
         return mine
 
     # ---- one kernel --------------------------------------------------------------------------------------
-    def _kernel_args(self, plan: KernelPlan, env: dict, state_override: dict | None = None) -> dict:
-        gen = plan.generated
-        out = {}
-        for name, src in plan.lowered.args.items():
-            spec = gen.specs[name]
-            whole = env[src.node]
-            if state_override and name in state_override:
-                out[name] = state_override[name]
-                continue
-            if spec.transform is not None:
-                # keyed by the model's tensor: its rows (src.value) are only taken again when it changed
-                # keyed by the model's tensor and what it holds (version, storage, a sample of its values): a weight
-                # changed after compile (copy_, `.data = `, `.data.copy_`, a swapped adapter) is staged again
-                key = weight_key(whole)
-                cached = plan.prepared.get(name)
-                if cached is None or cached[0] != key:
-                    if cached is not None:
-                        log.info("%s: weight %s changed since it was staged; staging it again", plan.label, name)
-                    with torch.no_grad():
-                        plan.prepared[name] = (key, spec.transform(src.value(whole).detach()).contiguous())
-                out[name] = plan.prepared[name][1]
-            elif src.kind == "state":
-                out[name] = src.value(whole)
-            else:
-                out[name] = marshal_input(src, spec.dtype, src.value(whole))
-        return out
-
     def _launch(self, plan: KernelPlan, env: dict, state_override: dict | None = None) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()
-        outs = plan.runner(self._kernel_args(plan, env, state_override))
+        outs = plan.runner(kernel_args(plan, env, state_override))
         names = [v.name for v in plan.lowered.program.outputs]
         results = dict(zip(names, outs))
         if state_override is None:
@@ -323,11 +261,16 @@ class _Run:
         """Did the kernel flag this step as one it cannot compute like eager (see codegen.ir.Guard)? Then the
         caller undoes its state writes and recomputes the region eagerly, so the step's result and state are
         eager's."""
-        tripped = [why for name, why in plan.lowered.guards.items() if bool((results[name] != 0).any())]
+        tripped = plan.tripped_guards(results)
         if tripped:
-            self._region_runs[id(plan)].guard_reruns += 1
-            warn(f"{plan.label}: {tripped[0]}; steps where it happens are recomputed on the eager path")
+            self._guard_rerun(plan, tripped[0])
         return bool(tripped)
+
+    def _guard_rerun(self, plan: KernelPlan, why: str, every_rank: bool = False) -> None:
+        """A guard (here or, agreed, on some rank) sent this call's region to the eager path: counted and warned."""
+        self._region_runs[id(plan)].guard_reruns += 1
+        warn(f"{plan.label}: {why}; steps where it happens are recomputed on the eager path"
+             + (" on every rank" if every_rank else ""))
 
     def _eager_region(self, plan: KernelPlan, env: dict, journal: StateJournal) -> None:
         """Everything the kernel provides, computed eagerly: its nodes and its outputs (an output may be a glue
@@ -348,7 +291,7 @@ class _Run:
         code, why = OK, ""
         try:
             results = self._launch(plan, env)
-            tripped = [w for name, w in plan.lowered.guards.items() if bool((results[name] != 0).any())]
+            tripped = plan.tripped_guards(results)
             if tripped:
                 code, why = RETRY, tripped[0]
         except Exception as e:  # noqa: BLE001 - a kernel failing at a call falls back for that call, on every rank
@@ -365,8 +308,7 @@ class _Run:
         mine.rollback()
         cause = describe_disagreement(rows)
         if worst == RETRY:
-            self._region_runs[id(plan)].guard_reruns += 1
-            warn(f"{plan.label}: {cause}; steps where it happens are recomputed on the eager path on every rank")
+            self._guard_rerun(plan, cause, every_rank=True)
         elif self._count_failure(plan, f"failed on {cause}"):  # every rank counts the same agreed outcomes
             warn(f"{plan.label}: kernel failed on {cause} on {RETIRE_AFTER_FAILURES} calls in a row; every rank runs "
                  "it on the eager path from now on")
@@ -379,10 +321,10 @@ class _Run:
         """Run the kernel on copies of the state and the region eagerly on the real state; compare. A kernel that
         issues collectives agrees its outcome with every rank of their groups (see :meth:`_verify_agreed`). True
         when the kernel ran (its results equal eager's, which the step uses)."""
-        state_copies = {name: env[src.node].clone() for name, src in plan.lowered.args.items() if src.kind == "state"}
+        copies = state_copies(plan, env)
         agreed = bool(self._collectives[id(plan)])
         try:
-            results = self._launch(plan, env, state_override=state_copies)
+            results = self._launch(plan, env, state_override=copies)
         except Exception as e:  # noqa: BLE001 - a kernel that fails at run time falls back
             if not agreed or self.settings.pass_through_build_failures:
                 self._fail(plan, env, e, journal)
@@ -394,18 +336,13 @@ class _Run:
         self._failures[id(plan)] = 0
         self._eager_region(plan, env, journal)
         if agreed:
-            tripped = [w for name, w in plan.lowered.guards.items() if bool((results[name] != 0).any())]
+            tripped = plan.tripped_guards(results)
             if tripped:
                 self._verify_agreed(plan, RETRY, tripped[0])
                 return True
         elif self._guard_tripped(plan, results):
             return True  # this step's kernel result is not comparable with eager's; verify on the next step
-        problems = []
-        for name, node in plan.lowered.outputs.items():
-            problems += _compare(f"output {node}", results[name], env[node], self.settings)
-        for name, copy in state_copies.items():
-            node = plan.lowered.args[name].node
-            problems += _compare(f"state {node}", copy, env[node], self.settings)
+        problems = verification_problems(plan, results, copies, env, self.settings)
         if agreed:
             self._verify_agreed(plan, FAILED if problems else OK,
                                 f"verification against eager failed ({problems[0]})" if problems else "")
@@ -429,8 +366,7 @@ class _Run:
             return
         cause = describe_disagreement(rows)
         if worst == RETRY:
-            self._region_runs[id(plan)].guard_reruns += 1
-            warn(f"{plan.label}: {cause}; steps where it happens are recomputed on the eager path on every rank")
+            self._guard_rerun(plan, cause, every_rank=True)
             return
         self._disable(plan, f"failed on {cause}")
         warn(f"{plan.label}: verification failed on {cause}; every rank of its group runs it on the eager path")
@@ -461,37 +397,6 @@ def _discard_cached(plan: KernelPlan) -> None:
     if plan.cache_entry is not None:
         discard(plan.cache_entry)
         plan.cache_entry = None
-
-
-def marshal_input(src: Any, dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor:
-    """A per-step input as the kernel reads it: padded, converted by its op (``ArgSource.convert``: a boolean mask
-    to an additive one, ...), flattened to the kernel shape, indices as int32 (saturated)."""
-    v = t.detach()
-    if getattr(src, "pad", None) is not None and v.shape[-1] < src.pad[0]:
-        size, value = src.pad
-        v = torch.cat((v, v.new_full((*v.shape[:-1], size - v.shape[-1]), value)), dim=-1)
-    if getattr(src, "convert", None) is not None:  # the op's conversion (its lowering set it)
-        v = src.convert(v)
-    if v.numel() == 1 and len(src.shape) == 1 and src.shape[0] > 1:
-        v = v.reshape(1).expand(src.shape[0])
-    if dtype == torch.int32 and v.dtype == torch.int64:
-        # saturate, not wrap: an id past int32 stays out of every vocabulary range (a vocab-parallel lookup zeroes
-        # it, as DTensor's masking does) instead of wrapping into some rank's range
-        v = v.clamp(torch.iinfo(torch.int32).min, torch.iinfo(torch.int32).max)
-    return v.reshape(src.shape).to(dtype).contiguous()
-
-
-def _compare(what: str, got: torch.Tensor, expected: torch.Tensor, settings: Settings) -> list[str]:
-    e = expected.detach().float().reshape(-1)
-    g = got.detach().float().reshape(-1)
-    if g.numel() != e.numel():
-        return [f"{what}: {g.numel()} elements, expected {e.numel()}"]
-    if not torch.isfinite(g).all() and torch.isfinite(e).all():
-        return [f"{what}: non-finite values"]
-    tol = settings.verify_tolerance if expected.dtype == torch.float32 else max(settings.verify_tolerance, 2e-2)
-    scale = max(e.abs().max().item(), 1e-6)
-    err = (g - e).abs().max().item()
-    return [] if err <= tol * scale else [f"{what}: max |diff| {err:.3g} > {tol:g} x {scale:.3g}"]
 
 
 def register() -> None:

@@ -146,10 +146,10 @@ def test_schema_is_documented(moe_report):
 def test_report_counts_what_ran_not_what_matched(tmp_path, monkeypatch, fails):
     """A region whose kernel verification failed ran eagerly: the report's coverage and boundaries say so (the
     matched figures stay available as coverage_matched / boundaries_per_step_matched)."""
-    from fusegraph.executors import nki
+    from fusegraph.executors import verify
 
     if fails:
-        monkeypatch.setattr(nki, "_compare", lambda what, got, expected, settings: [f"{what}: forced mismatch"])
+        monkeypatch.setattr(verify, "compare", lambda what, got, expected, settings: [f"{what}: forced mismatch"])
     case = build_decode("llama-tiny")
     path = tmp_path / "r.json"
     f = torch.compile(case.step, backend="fusegraph", dynamic=False,

@@ -181,7 +181,7 @@ def _reference_vm(program: Any) -> list[dict]:
     graph's eager values: max |diff| of each kernel output (every rank runs it, so the collectives pair up)."""
     from fusegraph.codegen import reference
     from fusegraph.executors.eager import build_plan, run_plan
-    from fusegraph.executors.nki import marshal_input
+    from fusegraph.executors.kernel_args import marshal_input
 
     out = []
     for gi, record in program.execution.items():

@@ -8,10 +8,12 @@ import dataclasses
 import pytest
 import torch
 
+from fusegraph import nkisim
 from fusegraph.codegen import ir
 from fusegraph.patterns.attention import lowering as attention
 from fusegraph.patterns.attention.lowering import row_groups, stream_plan
 from fusegraph.nkiapi.conformance import check_source
+from fusegraph.perf.kernelview import loops, parse_source
 
 from fusegraph.codegen.testing import Builder, V
 
@@ -66,6 +68,36 @@ def _formula(b, ref, Hq, Hkv, D, softcap=0.0):
     return (torch.softmax(s, -1) @ v).reshape(B, Hq * D)
 
 
+def _block_loops(source):
+    """The streamed attention's block loops: the ``nl.dynamic_range`` loops (of the parsed source) around its V loads,
+    in source order."""
+    by_line = {lp.line: lp for lp in loops(source)}
+    around = {i for ln in parse_source(source)[0] if ln.name.endswith(".vload") for i in ln.loops}
+    return [by_line[i] for i in sorted(around) if by_line[i].hardware]
+
+
+def _v_blocks(profile, heads, D, dtype):
+    """(V-block loads executed, the positions each moved): what the profile's V loads (``.vload``) say about the
+    blocks read, ``heads`` kv heads per load."""
+    (nbytes,) = {d.max_bytes for d in profile.named_dmas(".vload")}
+    return profile.executions(".vload", "dma_copy"), nbytes // (heads * D * dtype.itemsize)
+
+
+def _early_reads(source, profile):
+    """The K reads (``.kload`` / ``.kT_dma``) of the early piece (attention.PREFETCH) that ran: issued at the layer's
+    start, outside every loop (the attention's own reads are inside its loop over the sequences)."""
+    early = {(ln.line, ln.name) for ln in parse_source(source)[0]
+             if ln.name.endswith((".kload", ".kT_dma")) and not ln.loops}
+    return sorted(n for s in profile.sites for n in s.names if (s.line, n) in early and s.count)
+
+
+def _run_before_first_kv_write(profile):
+    """The names of the instructions that ran before the layer's first KV write, in order (the profile's records)."""
+    names = [r.name for r in profile.records]
+    assert profile.records_dropped == 0
+    return names[:names.index("L0.kv_write.kv_write")]
+
+
 def _check(b, gen, res, ref, Hq, Hkv, D, dtype, softcap=0.0):
     assert check_source(gen.source) == []
     tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
@@ -81,10 +113,15 @@ def test_streamed_attention_in_blocks_equals_reference(dtype, lnc):
     """4 kv heads (split between the cores under LNC=2), 1024 positions in blocks of 256; sequence 0 at position 5
     reads one block, sequence 1 at 700 three, sequence 2 at the last position all four."""
     L, Hq, Hkv, D = 1024, 8, 4, 64
-    b = _program(dtype, [5, 700, L - 1], L, Hq, Hkv, D, block=256)
+    pos = [5, 700, L - 1]
+    b = _program(dtype, pos, L, Hq, Hkv, D, block=256)
     gen, res, ref, kern = b.run(lnc=lnc)
-    assert "streamed in blocks of 256" in gen.source and "nl.dynamic_range(" in gen.source
-    assert "the blocks split between the two cores" not in gen.source
+    prof = nkisim.last_profile()
+    # each core reads V of its kv heads in blocks of 256 positions, only the blocks up to each sequence's position
+    # (1, 3 and 4), in a hardware loop stepping one block; no combine of two cores' states (no block split)
+    assert _v_blocks(prof, Hkv // lnc, D, dtype) == (lnc * sum(p // 256 + 1 for p in pos), 256)
+    assert [lp.step for lp in _block_loops(gen.source)] == [256]
+    assert prof.executions(".max_both") == 0 and prof.executions(".acc_both") == 0
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
     assert torch.equal(kern["k_cache"], ref["k_cache"]) and torch.equal(kern["v_cache"], ref["v_cache"])
 
@@ -97,8 +134,12 @@ def test_streamed_attention_odd_kv_heads_splits_blocks_under_lnc2(dtype):
     b = _program(dtype, [900, 130], L, Hq, Hkv, D, block=256)
     gen1, res1, ref, _ = b.run()
     gen2, res2, _, _ = b.run(lnc=2)
-    assert "the blocks split between the two cores" in gen2.source
-    assert gen2.source.count("nisa.sendrecv(") == 1
+    prof2 = nkisim.last_profile()
+    # each core steps two blocks (every other block: the blocks split between the cores, not the heads), then the
+    # two running states are combined: one sendrecv (the only one in the kernel) per sequence on each core
+    assert [lp.step for lp in _block_loops(gen2.source)] == [2 * 256]
+    assert [ln.opcode for ln in parse_source(gen2.source)[0]].count("sendrecv") == 1
+    assert prof2.executions(opcode="sendrecv") == 2 * 2 and prof2.executions(".acc_both") == 2 * 2
     _check(b, gen1, res1, ref, Hq, Hkv, D, dtype)
     _check(b, gen2, res2, ref, Hq, Hkv, D, dtype)
 
@@ -111,7 +152,11 @@ def test_streamed_attention_without_positions_reads_every_block(dtype):
     b = _program(dtype, [L - 1, L - 1], L, Hq, Hkv, D, block=128, write=False, softcap=cap)
     b.tensors["mask"][1, :200] = NEG  # sequence 1: positions 0..199 masked (the whole first block)
     gen, res, ref, _ = b.run()
-    assert "nl.dynamic_range(" in gen.source and "_npos = nisa.register_alloc" not in gen.source  # no position bound
+    prof = nkisim.last_profile()
+    # a hardware block loop with a static bound (the cache length, not a position register): every block is read
+    assert [(lp.step, lp.stop) for lp in _block_loops(gen.source)] == [(128, L)]
+    assert prof.executions(opcode="register_load") == 0  # no sequence position loaded into a register
+    assert _v_blocks(prof, Hkv, D, dtype) == (2 * L // 128, 128)
     assert torch.isfinite(res["out_o"].float()).all()
     _check(b, gen, res, ref, Hq, Hkv, D, dtype, softcap=cap)
 
@@ -133,7 +178,9 @@ def test_streamed_attention_default_block_at_4k(dtype):
     L, Hq, Hkv, D = 4096, 2, 1, 64
     b = _program(dtype, [L - 3], L, Hq, Hkv, D)
     gen, res, ref, _ = b.run()
-    assert "streamed in blocks of" in gen.source
+    n, Lb = _v_blocks(nkisim.last_profile(), Hkv, D, dtype)
+    # streamed: V read in several blocks (every position once), in a hardware loop stepping one block
+    assert n == L // Lb and Lb < L and [lp.step for lp in _block_loops(gen.source)] == [Lb]
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
 
 
@@ -203,7 +250,16 @@ def test_streamed_heads_beyond_128_rows_run_in_groups():
     L, Hq, Hkv, D = 256, 256, 8, 32
     b = _program(torch.float32, [L - 1, 100], L, Hq, Hkv, D, block=128)
     gen, res, ref, _ = b.run()
-    assert "4 kv heads per score tile: [128, 128]" in gen.source and "for g in range(2):" in gen.source
+    prof = nkisim.last_profile()
+    # 4 kv heads x G = 32 rows per [128, 128] score tile: each block's exp runs once per group (2 groups x 3 blocks:
+    # sequence 0 reads 2, sequence 1 one), each group's output normalized once per sequence
+    (exp,) = {(s.max_partitions, s.max_free) for s in prof.named(".exp", "activation")}
+    assert exp == (128, 128) and prof.executions(".exp", "activation") == 2 * 3
+    assert prof.executions(".rsum") == 2 * 2
+    # the loops around the normalization: the 2 sequences, then the 2 head groups (a loop, not 2 copies)
+    by_line = {lp.line: lp for lp in loops(gen.source)}
+    (rsum,) = [ln for ln in parse_source(gen.source)[0] if ln.name.endswith(".rsum")]
+    assert [by_line[i].trips for i in rsum.loops] == [2, 2]
     _check(b, gen, res, ref, Hq, Hkv, D, torch.float32)
 
 
@@ -218,15 +274,21 @@ def test_pipelined_block_loop_is_bit_identical_to_one_block_at_a_time(dtype, lnc
     Hq = 2 * Hkv
     b = _program(dtype, [5, 511, 512, L - 1], L, Hq, Hkv, D, block=128)
     gen, res, ref, _ = b.run(lnc=lnc)
-    assert "software-pipelined blocks" in gen.source and "register_move(" in gen.source
+    prof = nkisim.last_profile()
+    # pipelined: the pending block's first position is carried in a register (one move per block read) and the last
+    # block's softmax runs after the block loop
+    assert prof.executions(opcode="register_move") == prof.executions(".vload") > 0
+    (loop,) = _block_loops(gen.source)
+    assert any(ln.line > loop.end_line for ln in parse_source(gen.source)[0] if ln.name.endswith(".exp"))
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
     switch(pipeline=False)
     gen0, res0, _, _ = b.run(lnc=lnc)
-    assert "software-pipelined blocks" not in gen0.source
+    assert nkisim.last_profile().executions(opcode="register_move") == 0
+    (loop0,) = _block_loops(gen0.source)
+    assert all(ln.line < loop0.end_line for ln in parse_source(gen0.source)[0] if ln.name.endswith(".exp"))
     assert torch.equal(res["out_o"], res0["out_o"])
 
 
-EARLY = "read now, at\n"  # the early piece's comment (attention.PREFETCH)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -248,24 +310,38 @@ def test_prefetched_first_block_is_bit_identical(dtype, pos, L, block, kt, monke
     Hq, Hkv, D = 4, 2, 64 if not kt else 128
     b = _program(dtype, pos, L, Hq, Hkv, D, block=block)
     gen, res, ref, kern = b.run()
-    src = gen.source
-    assert src.count(EARLY) == 1 and src.index(EARLY) < src.index('name="L0.kv_write.kv_write"')
+    prof = nkisim.last_profile()
+    # block 0 of sequence 0 read once at the layer's start (one K DMA; by DMA transpose one per kv head), before the
+    # KV write ...
+    early = ["L0.attention.attention.kT_dma"] * Hkv if kt else ["L0.attention.attention.kload"]
+    assert _early_reads(gen.source, prof) == early
+    assert [n for n in _run_before_first_kv_write(prof) if n.endswith((".kload", ".kT_dma"))] == early
+    # ... and its guarded re-read placed after the KV writes, run only when sequence 0's row is in that block
     again = ".kT_dma_again" if kt else ".kload_again"
-    assert src.index('name="L0.kv_write.kv_write2"') < src.index(again)
+    lines = parse_source(gen.source)[0]
+    assert max(ln.index for ln in lines if ln.name == "L0.kv_write.kv_write2") < min(
+        ln.index for ln in lines if ln.name.endswith(again))
+    assert (prof.executions(again) > 0) == (pos[0] < block)
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
     switch(prefetch=False)
     gen0, res0, _, _ = b.run()
-    assert EARLY not in gen0.source and again not in gen0.source
+    assert _early_reads(gen0.source, nkisim.last_profile()) == []
+    assert not [n for n in _run_before_first_kv_write(nkisim.last_profile()) if n.endswith((".kload", ".kT_dma"))]
+    assert not any(ln.name.endswith(again) for ln in parse_source(gen0.source)[0])
     assert torch.equal(res["out_o"], res0["out_o"])
 
 
 def test_prefetch_applies_only_to_position_bounded_head_split_blocks():
     """No early read without the KV write's positions (every block is read after the write anyway: a full sliding
     window), under a block split (odd kv heads on LNC=2), or for the single-pass template."""
-    assert EARLY not in _program(torch.float32, [1023], 1024, 4, 2, block=256, write=False).run()[0].source
-    assert EARLY not in _program(torch.float32, [900, 130], 1024, 6, 3, block=256).run(lnc=2)[0].source
-    assert EARLY not in _program(torch.float32, [900, 130], 1024, 4, 2).run()[0].source  # 1024 <= STREAM_ABOVE
-    assert EARLY in _program(torch.float32, [900, 130], 1024, 8, 4, block=256).run(lnc=2)[0].source  # head split
+    def early(b, **run):
+        gen = b.run(**run)[0]
+        return _early_reads(gen.source, nkisim.last_profile())
+
+    assert early(_program(torch.float32, [1023], 1024, 4, 2, block=256, write=False)) == []
+    assert early(_program(torch.float32, [900, 130], 1024, 6, 3, block=256), lnc=2) == []
+    assert early(_program(torch.float32, [900, 130], 1024, 4, 2)) == []  # 1024 <= STREAM_ABOVE
+    assert early(_program(torch.float32, [900, 130], 1024, 8, 4, block=256), lnc=2) == ["L0.attention.attention.kload"]
 
 
 def test_prefetched_tiles_count_in_the_budget_of_the_instructions_they_cross(monkeypatch, switch):
@@ -296,6 +372,14 @@ def test_row_groups_choice():
     assert row_groups(8, 8, r=0, paged=False, kt_dma=True) == 1
 
 
+def _assert_row_groups(profile, groups, rows, width, seqs, lnc):
+    """The softmax ran on [groups x rows, width] score tiles and (several groups) the groups' states were folded
+    into one once per sequence on each core; one group: no fold."""
+    (tile,) = {(s.max_partitions, s.max_free) for s in profile.named(".exp", "activation")}
+    assert tile == (groups * rows, width)
+    assert profile.executions(".groups_fold", "nc_matmul") == (lnc * seqs if groups > 1 else 0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lnc,pipe", [(1, True), (1, False), (2, True)])
 def test_row_groups_fill_the_partitions_of_a_one_kv_head_core(dtype, lnc, pipe, monkeypatch, switch):
@@ -309,11 +393,11 @@ def test_row_groups_fill_the_partitions_of_a_one_kv_head_core(dtype, lnc, pipe, 
     L, Hq, Hkv, D = 4096, 8, 1, 64
     b = _program(dtype, [5, 1279, L - 1], L, Hq, Hkv, D, block=1024)
     gen, res, ref, _ = b.run(lnc=lnc)
-    assert "the 4 row groups' states" in gen.source and "shape=(32, 256)" in gen.source
+    _assert_row_groups(nkisim.last_profile(), 4, 8, 256, seqs=3, lnc=lnc)
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
     switch(row_groups=1)
     gen1, res1, _, _ = b.run(lnc=lnc)
-    assert "row groups' states" not in gen1.source
+    _assert_row_groups(nkisim.last_profile(), 1, 8, 1024, seqs=3, lnc=lnc)
     tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(res["out_o"].float(), res1["out_o"].float(), **tol)
 
@@ -325,5 +409,5 @@ def test_row_groups_with_heads_of_256_and_soft_capping(lnc):
     L, Hq, Hkv, D = 4096, 8, 1, 256
     b = _program(torch.bfloat16, [5, 2000, L - 1], L, Hq, Hkv, D, block=1024, softcap=30.0)
     gen, res, ref, _ = b.run(lnc=lnc)
-    assert "the 4 row groups' states" in gen.source
+    _assert_row_groups(nkisim.last_profile(), 4, 8, 256, seqs=3, lnc=lnc)
     _check(b, gen, res, ref, Hq, Hkv, D, torch.bfloat16, softcap=30.0)

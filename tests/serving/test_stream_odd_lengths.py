@@ -4,7 +4,6 @@ next block reads them), first under LNC=1 / a head split, after the two cores' c
 Against the reference VM and the fp32 formula at the positions around the short block's edges, the paged
 variant at a table length that is not a multiple of 128, and the bytes read."""
 import os
-import re
 import sys
 
 import pytest
@@ -12,14 +11,27 @@ import torch
 
 from fusegraph import nkisim
 from fusegraph.patterns.attention.lowering import block_starts, stream_plan
+from fusegraph.perf.kernelview import parse_source
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_paged_extent import _gathers, _program as _paged_program  # noqa: E402
 from test_paged_attention import _formula as _paged_formula  # noqa: E402
-from test_stream_attention import _check, _program  # noqa: E402
+from test_stream_attention import _block_loops, _check, _program  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
-ODD = "are read again by the next block: masked here"
+
+
+def _block_and_rest(source):
+    """(Lb, r) of a streamed attention over a cache that is not a multiple of its block: its hardware block loop
+    steps Lb positions and starts after the short first block of r positions (the parsed source)."""
+    (loop,) = _block_loops(source)
+    return loop.step, loop.start
+
+
+def _odd_masks(profile):
+    """(sites, executions, columns) of the short block's memset of its positions past r (``.mask_odd``)."""
+    sites = profile.named(".mask_odd", "memset")
+    return len(sites), sum(s.count for s in sites), {s.max_free for s in sites}
 
 
 def test_block_starts_cover_every_position_once():
@@ -52,11 +64,16 @@ def test_odd_length_cache_streams_by_default(dtype, lnc):
     # the block depends on the scratch (dtype, heads per core): 1024 or 2048 (r = 52), 1536 (r = 564)
     b = _program(dtype, [5, 51, 52, 563, 564, 1500, L - 1], L, Hq, Hkv, D)
     gen, res, ref, kern = b.run(lnc=lnc)
-    Lb = int(re.search(r"streamed in blocks of (\d+)", gen.source).group(1))
-    r = L % Lb
-    # the short block's mask is written in the early read of sequence 0 (attention.PREFETCH) and the others' read
-    assert Lb in (1024, 1536, 2048) and gen.source.count(ODD) == 2
-    assert f"positions 0...{r - 1}, read as {-(-r // 128) * 128})" in gen.source
+    prof = nkisim.last_profile()
+    Lb, r = _block_and_rest(gen.source)
+    Lr = -(-r // 128) * 128
+    # the short block's mask is written in the early read of sequence 0 (attention.PREFETCH) and the others' read:
+    # two sites, once per sequence on each core, its Lr - r positions past r
+    assert Lb in (1024, 1536, 2048) and r == L % Lb
+    assert _odd_masks(prof) == (2, lnc * 7, {Lr - r})
+    # V read as blocks of Lr positions (the short block) and of Lb
+    heads = Hkv // lnc
+    assert sorted({d.max_bytes // (heads * D * dtype.itemsize) for d in prof.named_dmas(".vload")}) == [Lr, Lb]
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
     assert torch.equal(kern["k_cache"], ref["k_cache"]) and torch.equal(kern["v_cache"], ref["v_cache"])
 
@@ -71,8 +88,15 @@ def test_odd_length_block_split_under_lnc2(dtype, L, pos):
     b = _program(dtype, pos, L, Hq, Hkv, D, block=256)
     gen1, res1, ref, _ = b.run()
     gen2, res2, _, _ = b.run(lnc=2)
-    assert "the blocks split between the two cores" in gen2.source and gen2.source.count(ODD) == 1
-    assert "after the combine" in gen2.source
+    prof2 = nkisim.last_profile()
+    # the two cores' states are combined (once per sequence on each core), then both cores read the short block:
+    # one site, after the combine, masking the Lr - r positions past r
+    r = L % 256
+    assert prof2.executions(".acc_both") == 2 * len(pos)
+    assert _odd_masks(prof2) == (1, 2 * len(pos), {-(-r // 128) * 128 - r})
+    lines = parse_source(gen2.source)[0]
+    combine = max(ln.index for ln in lines if ln.name.endswith(".acc_both"))
+    assert [ln.index > combine for ln in lines if ln.name.endswith(".mask_odd")] == [True]
     _check(b, gen1, res1, ref, Hq, Hkv, D, dtype)
     _check(b, gen2, res2, ref, Hq, Hkv, D, dtype)
 
@@ -85,7 +109,7 @@ def test_odd_length_without_positions_and_softcap(dtype):
     b = _program(dtype, [L - 1, L - 1], L, Hq, Hkv, D, block=256, write=False, softcap=cap)
     b.tensors["mask"][1, :100] = torch.finfo(torch.float32).min
     gen, res, ref, _ = b.run()
-    assert gen.source.count(ODD) == 1
+    assert _odd_masks(nkisim.last_profile()) == (1, 2, {128 - 88})  # once per sequence: positions 88 ... 127
     assert torch.isfinite(res["out_o"].float()).all()
     _check(b, gen, res, ref, Hq, Hkv, D, dtype, softcap=cap)
 
@@ -98,8 +122,8 @@ def test_odd_length_reads_only_a_tile_more_than_the_cache():
     for end in (True, False):
         b = _program(torch.float32, [L - 1 if end else 5], L, Hq, Hkv, D)
         gen = b.run()[0]
-        Lb = int(re.search(r"streamed in blocks of (\d+)", gen.source).group(1))
-        r, Lr = L % Lb, -(-(L % Lb) // 128) * 128
+        Lb, r = _block_and_rest(gen.source)
+        Lr = -(-r // 128) * 128
         positions = L + Lr - r if end else 2 * Lr
         pos = positions
         by = nkisim.last_profile().to_dict()["hbm_by_tensor"]
@@ -116,7 +140,11 @@ def test_paged_table_not_a_multiple_of_128(dtype, lnc):
     lens = [5, 143, 655]
     b, table = _paged_program(dtype, lens, BS, MB, NB=3 * MB + 4, Hq=Hq, Hkv=Hkv, D=D)
     gen, res, ref, kern = b.run(lnc=lnc)
-    assert "streamed in blocks of 512" in gen.source and gen.source.count(ODD) == 1
+    prof = nkisim.last_profile()
+    # scores (and softmax) over the short block read as 256 positions and over blocks of 512; one short-block mask
+    # (positions 144 ... 255) per sequence on each core
+    assert sorted({s.max_free for s in prof.named(".exp", "activation")}) == [256, 512]
+    assert _odd_masks(prof) == (1, lnc * 3, {256 - 144})
     # gathers of 16 rows: the short block 16, the block of 512 32 more, per sequence that reaches it
     assert _gathers() == lnc * (16 * 3 + 32 * 1)
     tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)

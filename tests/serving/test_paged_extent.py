@@ -17,6 +17,7 @@ from fusegraph.patterns.paged_attention.lowering import PagedAttention, mask_ext
 from fusegraph.codegen.runtime import abstract_args
 from fusegraph.codegen.testing import V
 from fusegraph.nkiapi.conformance import check_source
+from fusegraph.perf.kernelview import loops, parse_source
 
 sys.path.insert(0, os.path.dirname(__file__))
 from paged_step import PagedDecoder, PagedServer  # noqa: E402
@@ -25,7 +26,18 @@ from test_paged_attention import _program as paged_program  # noqa: E402
 from test_stream_models import eager_ops  # noqa: E402
 
 NEG = torch.finfo(torch.float32).min
-GUARD = "read only when the sequence's last unmasked position reaches it"
+
+
+def _guards(source):
+    """The guards of the streamed blocks after the first: the ``nl.dynamic_range`` loops around the K gathers, each
+    with the kernel input its bound register was loaded from (``register_load`` of a tile the kernel DMAs from that
+    input), from the parsed source."""
+    lines = parse_source(source)[0]
+    by_line = {lp.line: lp for lp in loops(source)}
+    loaded = {w: ln.reads[0] for ln in lines if ln.opcode == "register_load" for w in ln.writes}
+    copied = {w: ln.reads[0] for ln in lines if ln.opcode == "dma_copy" and ln.reads for w in ln.writes}
+    around = sorted({i for ln in lines if ln.name.endswith(".kgather") for i in ln.loops})
+    return [(by_line[i], copied.get(loaded.get(by_line[i].stop))) for i in around if by_line[i].hardware]
 
 
 def _program(dtype, lens, BS, MB, NB, Hq=4, Hkv=2, D=64, block=0, bounded=True, seed=5):
@@ -61,7 +73,11 @@ def test_ragged_paged_attention_reads_only_used_blocks(dtype, lnc):
     b, table = _program(dtype, lens, BS, MB, NB=3 * MB + 4, Hq=Hq, Hkv=Hkv, D=D, block=128)
     gen, res, ref, kern = b.run(lnc=lnc)
     assert check_source(gen.source) == []
-    assert gen.source.count(GUARD) == 3 and "register_load" in gen.source
+    # blocks 1, 2, 3 (positions 128, 256, 384 ...) each under a guard of one iteration or none (a step of the whole
+    # table) up to a register loaded from the extent input, loaded once per sequence on each core
+    guards = _guards(gen.source)
+    assert [(lp.start, lp.step, bound) for lp, bound in guards] == [(jb * 128 - 1, MB * BS, "extent") for jb in (1, 2, 3)]
+    assert nkisim.last_profile().executions(opcode="register_load") == lnc * len(lens)
     # 8 gathers of 16 rows per 128-position block, per sequence the blocks up to its extent; per core under LNC=2
     assert _gathers() == lnc * 8 * sum(p // 128 + 1 for p in lens)
     tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
@@ -93,7 +109,7 @@ def test_shape_only_profile_bytes_scale_with_the_position_not_the_table():
         assert _gather_bytes(gen, MB * BS - 1) == MB * BS // Lb * per_block
         b, _ = _program(torch.float32, [5], BS, MB, NB=MB + 4, Hkv=Hkv, D=D, block=Lb, bounded=False)
         gen = generate(b.program())
-        assert GUARD not in gen.source
+        assert _guards(gen.source) == []
         assert _gather_bytes(gen, 0) == MB * BS // Lb * per_block
 
 
@@ -128,7 +144,9 @@ def test_paged_decode_step_with_ragged_lengths_skips_unused_blocks():
     assert record.launches_per_call == 1 and list(record.verification.values()) == ["passed"]
     assert not eager_ops(session, record)
     src = record.run.plans[0].generated.source
-    assert "streamed in blocks of 384" in src and src.count(GUARD) == 2
+    # per layer, scores over blocks of 384 positions and one guard (the second block, from position 384)
+    assert {s.max_free for s in nkisim.last_profile().named(".exp", "activation")} == {384}
+    assert [(lp.start, lp.step) for lp, _ in _guards(src)] == [(383, 768)] * 2
     assert _gathers() == 2 * (24 + 24 + 48)
 
 
@@ -149,7 +167,8 @@ def test_two_masks_get_their_own_extents():
     b.store(o2)
     gen, res, ref, _ = b.run()
     assert check_source(gen.source) == []
-    assert "register_load(dst=" in gen.source and "kv_extent_1[0:1, t:t + 1]" in gen.source
+    # each attention's three guards bounded by a register loaded from its own extent input
+    assert [bound for _, bound in _guards(gen.source)] == ["extent"] * 3 + ["extent2"] * 3
     assert _gathers() == 8 * sum(p // 128 + 1 for p in lens) + 8 * len(lens)
     for out, want in (("out_o", "o"), ("out_o2", "o2")):
         torch.testing.assert_close(res[out], ref[want], atol=2e-5, rtol=2e-5)

@@ -1,9 +1,8 @@
-"""Built-in fusion patterns (installed as ``fusegraph.patterns``), one fusion per module.
-
-They use only the public API (:mod:`fusegraph.matching`), exactly like a third-party plugin would; importing this
-package registers them. Every module of the package is imported (modules whose name starts with ``_`` hold
-shared helpers), so a new built-in pattern is one new file here and nothing else. ``docs/patterns.md``
-documents the contract of each (inputs, params, outputs, template).
+"""The built-in ops (installed as ``fusegraph.patterns``), one folder per op: its pattern(s), instruction(s),
+lowering, templates and torch reference, on the same public API a plugin uses (:mod:`fusegraph.matching`,
+:mod:`fusegraph.codegen.api`). Importing this package registers them all (as ``source="fusegraph"``). Every
+sub-package and module is imported (names starting with ``_`` hold shared helpers), so a new built-in op is one
+new folder here and nothing central. ``docs/patterns.md`` documents the contract of each.
 """
 import importlib
 import pkgutil

@@ -43,6 +43,8 @@ from typing import Any, Callable, Iterator
 from .. import securefiles
 from ..settings import Settings
 from ..warnings import warn
+from ..codegen import ir
+from ..codegen import registry as codegen_registry
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +118,8 @@ def codegen_options(settings: Settings) -> Iterator[None]:
     ``attn_*``: ``registry.register_codegen_options``). Why here:
     every kernel build of the executors passes through :func:`generate_cached`, which is also where those settings
     enter the key; other callers of ``codegen.megakernel.generate`` wrap it in this to honour the options."""
-    from ..codegen.registry import codegen_options as ops_options
 
-    with ops_options(settings):
+    with codegen_registry.codegen_options(settings):
         yield
 
 
@@ -141,7 +142,6 @@ def _pattern_fingerprint(region: Any) -> str:
 
 
 def _fingerprint(v: Any) -> str:
-    from ..codegen import ir
 
     if isinstance(v, ir.Value):
         return f"{v.name}:{v.kind}:{tuple(v.shape)}:{v.dtype}"
@@ -152,7 +152,6 @@ def cache_key(program_ir: Any, target: str, settings: Settings, region: Any) -> 
     """Key over what decides the kernel's source: its instructions (shapes, dtypes, constants), the target, the
     streaming settings, the templates and codegen modules, the patterns' code, the fusegraph version and the entry
     format. Not the kernel's name: the same kernel in graph 0 or graph 1 (a recompile) is one entry."""
-    from ..codegen.registry import templates_hash
 
     h = hashlib.sha256()
     h.update(f"format={CACHE_FORMAT};fusegraph={_version()};".encode())
@@ -165,7 +164,7 @@ def cache_key(program_ir: Any, target: str, settings: Settings, region: Any) -> 
     h.update(target.encode())
     h.update(f"{settings.weight_buffers}/{settings.weight_chunk_kib}/{settings.sbuf_budget}/lnc{settings.lnc}".encode())
     h.update(json.dumps(codegen_settings(settings), sort_keys=True).encode())
-    h.update(templates_hash().encode())
+    h.update(codegen_registry.templates_hash().encode())  # through the module: tests pin it
     h.update(_pattern_fingerprint(region).encode())
     return h.hexdigest()[:24]
 

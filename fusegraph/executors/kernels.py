@@ -19,6 +19,11 @@ import torch
 from ..program import Program
 from ..settings import Settings
 from ..warnings import warn
+from ..codegen.errors import CodegenError
+from ..codegen.lowering import lower_region
+from ..codegen.megakernel import generate
+from ..codegen.registry import is_host_side, step_tokens
+from ..matching.carve import carve
 from .kernel_cache import cache_key, cache_root, default_cache_dir, entry_path, generate_cached  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -47,14 +52,12 @@ class KernelPlan:
 def decode_tokens(program: Program, region: Any) -> int:
     """Tokens per step (the batch of a decode step), as the region's lowerings size it (``tokens=`` of
     :func:`fusegraph.codegen.registry.register_lowering`); raises if the region is not a one-position decode step."""
-    from ..codegen.registry import step_tokens
 
     return step_tokens(region.matches, program.graph)
 
 
 def build_plans(program: Program, graph_index: int, analysis: Any, settings: Settings) -> list[KernelPlan]:
     """The kernels of every fusible region of graph ``graph_index`` (see the module docstring)."""
-    from ..codegen.registry import is_host_side
 
     plans: list[KernelPlan] = []
     regions = [r for r in analysis.regions if graph_index in r.graphs]
@@ -73,9 +76,6 @@ def _build_region(program: Program, graph_index: int, region: Any, label: str, s
     """The region as one kernel; when the build fails on some matches (their lowering or emission raised), the
     region without them: their ops run eagerly, with one warning each, and the rest stays in the kernel (as
     several kernels where dropping them breaks convexity, :func:`fusegraph.matching.carve.carve`)."""
-    from ..codegen.errors import CodegenError
-    from ..codegen.registry import is_host_side
-    from ..matching.carve import carve
 
     try:  # the whole region sizes the step: a part left without an embedding or a norm still knows it
         tokens = decode_tokens(program, region)
@@ -120,8 +120,6 @@ def _build_region(program: Program, graph_index: int, region: Any, label: str, s
 
 def _build_kernel(program: Program, region: Any, tokens: int, name: str, label: str,
                   settings: Settings) -> KernelPlan:
-    from ..codegen.lowering import lower_region
-    from ..codegen.megakernel import generate
 
     t0 = time.perf_counter()
     lowered = lower_region(program, region, tokens, name=name)

@@ -27,6 +27,14 @@ from ..program import Program
 from ..program.execution import IslandRun
 from ..settings import Settings
 from ..warnings import warn
+from ..codegen.inline_source import InlineSource
+from ..codegen.registry import is_host_side
+from ..llm import enabled, KernelTask, TensorSpec
+from ..llm import writer as llm_writer
+from ..llm.harness import Limits, run_isolated, static_checks
+from ..matching.pattern import Pattern
+from ..matching.regions import with_extra_matches
+from ..matching.results import Match
 from .eager import build_plan, run_plan
 
 log = logging.getLogger(__name__)
@@ -163,7 +171,6 @@ def reference_source(program: Program, island: Island, name: str) -> tuple[str, 
 
 
 def make_task(program: Program, island: Island, model: str, index: int) -> Any:
-    from ..llm import KernelTask, TensorSpec
 
     G = program.graph
     name = f"island_{index}"
@@ -196,7 +203,6 @@ def write_islands(program: Program, graph_index: int, covered: set[str], exclude
     """Ask the LLM writer for every island; return the islands (accepted or not, for the report). An island
     already written before the kernels were built (``known``, same ops) keeps its answer: no second request,
     no second warning."""
-    from ..llm import enabled, write_kernel
 
     if not enabled(settings):
         return []
@@ -209,7 +215,7 @@ def write_islands(program: Program, graph_index: int, covered: set[str], exclude
                 isl.disabled = True  # refused at inlining for this reason (warned there): never run it elsewhere
             continue
         isl.task = make_task(program, isl, model, i + len(known))
-        isl.set_result(write_kernel(isl.task, settings))
+        isl.set_result(llm_writer.write_kernel(isl.task, settings))  # through the module: tests replace it
         if not isl.result.accepted:
             warn(f"LLM kernel for {', '.join(sorted(isl.ops))} not used ({isl.result.reason}); those ops run eagerly")
     return islands
@@ -222,7 +228,6 @@ def _no_reference(*args: Any, **kwargs: Any) -> Any:  # an island's reference is
 
 def island_pattern() -> Any:
     """The pattern ``llm_island`` matches name (they come from the writer, never from the matcher)."""
-    from ..matching.pattern import Pattern
 
     return Pattern(name="fusegraph.llm_island", fn=_no_reference, inputs=(), template="llm_island", priority=-1000,
                    description="an accepted LLM-written kernel, inlined into the megakernel", source="fusegraph")
@@ -245,7 +250,6 @@ class IslandReference:
 
 def _recheck(task: Any) -> Any:
     """The writer's static checks (parse, allow-list, conformance, contract) on a text, for inlining time."""
-    from ..llm.harness import static_checks
 
     def recheck(source: str) -> str | None:
         _, bad = static_checks(source, task)
@@ -256,8 +260,6 @@ def _recheck(task: Any) -> Any:
 
 def island_match(program: Program, cv: Any, island: Island, match_id: int) -> Any:
     """An accepted island as an ``llm_island`` match over the canonical view (like generic pieces)."""
-    from ..codegen.inline_source import InlineSource
-    from ..matching.results import Match
 
     G = program.graph
     res = island.result
@@ -292,8 +294,6 @@ def plan_inline(program: Program, graph_index: int, analysis: Any, settings: Set
     with each accepted island as an ``llm_island`` match (see the module doc). Returns the analysis the kernels
     are built from and the islands written (accepted or not). An island whose region would hold nothing but
     islands is left out (nothing to fuse it with): it keeps the isolated worker."""
-    from ..codegen.registry import is_host_side
-    from ..llm import enabled, write_kernel
 
     if not enabled(settings) or analysis.view is None or analysis.reach is None:
         return analysis, []
@@ -301,7 +301,7 @@ def plan_inline(program: Program, graph_index: int, analysis: Any, settings: Set
     islands = find_islands(program, graph_index, set(analysis.region_of), excluded)
     for i, isl in enumerate(islands):
         isl.task = make_task(program, isl, model, i)
-        isl.set_result(write_kernel(isl.task, settings))
+        isl.set_result(llm_writer.write_kernel(isl.task, settings))  # through the module: tests replace it
         if not isl.result.accepted:
             warn(f"LLM kernel for {', '.join(sorted(isl.ops))} not used ({isl.result.reason}); those ops run eagerly")
     accepted = [isl for isl in islands if isl.result.accepted and isl.result.sha256]
@@ -336,8 +336,6 @@ def with_island_matches(analysis: Any, extra: Sequence[Any]) -> tuple[Any, list[
     """``analysis`` with its regions formed again with the ``llm_island`` matches ``extra``; an island whose region
     would hold nothing but islands and host-side matches is left out (see
     :func:`fusegraph.matching.regions.with_extra_matches`)."""
-    from ..codegen.registry import is_host_side
-    from ..matching.regions import with_extra_matches
 
     def fuses(m: Any) -> bool:
         return m.pattern.template != "llm_island" and not is_host_side(m.pattern.template)
@@ -359,16 +357,14 @@ def bind_inlined(islands: Sequence[Island], plans: Sequence[Any], active: set[in
 
 def text_unchanged(island: Island) -> bool:
     """Is the accepted kernel's text still the one that passed verification (its recorded SHA-256)?"""
-    from ..llm.writer import source_sha256
 
     res = island.result
     return bool(res is not None and res.kernel_source is not None and res.sha256
-                and source_sha256(res.kernel_source) == res.sha256)
+                and llm_writer.source_sha256(res.kernel_source) == res.sha256)
 
 
 def run_island(island: Island, env: dict, program: Program, settings: Settings) -> bool:
     """Run an accepted island kernel in the isolated worker; False (and the island disabled) on any failure."""
-    from ..llm.harness import Limits, run_isolated
 
     if not text_unchanged(island):
         island.disabled = True

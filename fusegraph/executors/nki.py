@@ -22,6 +22,10 @@ from ..program import Program
 from ..program.execution import ExecutionRecord, KernelInfo, RegionRun
 from ..settings import Settings
 from ..warnings import one_line, warn
+from ..codegen.registry import check as lowerable, is_host_side
+from ..codegen.runtime import InterpretedKernel
+from ..llm import enabled
+from ..matching import analyze
 from .base import RETIRE_AFTER_FAILURES, Runner, register_executor
 from .eager import _resolver, build_plan, run_plan
 from .kernel_args import kernel_args
@@ -40,14 +44,11 @@ class NkiExecutor:
     name = "nkisim"
 
     def make_runner(self, plan: KernelPlan, settings: Settings) -> Callable[..., list]:
-        from ..codegen.runtime import InterpretedKernel
 
         return InterpretedKernel(plan.generated, target=settings.target, filename=f"<fusegraph:{plan.generated.name}>",
                                  sbuf_budget=settings.sbuf_budget)
 
     def compile(self, program: Program, graph_index: int, settings: Settings) -> Runner:
-        from ..codegen.registry import check as lowerable
-        from ..matching import analyze
 
         analysis = analyze(program, settings, lowerable=lowerable)
         analysis, written = plan_inline(program, graph_index, analysis, settings)  # LLM islands join regions
@@ -114,8 +115,6 @@ class _Run:
     def _llm_islands(self, graph_index: int, written: Sequence[Any] = ()) -> list:
         """Islands inlined in a running kernel, then the ops still left on the eager path offered to the LLM
         kernel writer (opt-in, see llm_fallback)."""
-        from ..codegen.registry import is_host_side
-        from ..llm import enabled
 
         if not enabled(self.settings):
             return []

@@ -4,8 +4,10 @@ import this module only, never the codegen modules behind it, so those can chang
 An op is one folder: its pattern(s) (:mod:`fusegraph.matching`), its instruction class(es) (an
 :class:`Instruction` with ``emit``/``reference``), its lowering (:func:`register_lowering`, given the pattern
 objects it lowers so the names it reads are checked when the module is imported), its Jinja2 templates (the
-folder's ``templates/``) and its host-side input conversions (callables in :class:`ArgSource`). See
-docs/patterns.md ("An op as one folder").
+folder's ``templates/``), its host-side input conversions (callables in :class:`ArgSource`) and its test cases
+(``cases.py``: :class:`OpCase` programs built with :class:`Builder`, checked against the op's torch reference,
+registered with :func:`register_cases`; :mod:`fusegraph.codegen.testing`). See docs/patterns.md ("An op as one
+folder").
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from .reference import rotate_half
 from .registry import add_template_dir, provide, register_codegen_options, register_instruction, register_lowering
 from .render import nl_dtype
 from .stream import Chunk, ChunkUse, PrefetchPoint
+from .testing import (BF16_TOL, FP32_TOL, Builder, CaseProgram, OpCase, Tol, length_mask, register_cases,
+                      tol_for)
 
 W = weights
 
@@ -36,6 +40,8 @@ __all__ = [
     "preserves_order", "provide", "PSUM_FREE_FP32", "register_codegen_options", "register_instruction",
     "register_lowering", "rotate_half", "sb2sb_dma_engine", "tiles", "Value", "ValueKind", "W", "weight_for_use",
     "weights", "x_tokens",
+    # an op's test cases (its cases.py; fusegraph.codegen.testing)
+    "BF16_TOL", "Builder", "CaseProgram", "FP32_TOL", "length_mask", "OpCase", "register_cases", "Tol", "tol_for",
 ]
 
 

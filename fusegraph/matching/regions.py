@@ -49,131 +49,204 @@ class RegionResult:
 
 def form_regions(cv: CanonicalView, reach: Reach, matches: list[Match], settings: Settings,
                  decisions: list[Decision]) -> RegionResult:
-    D = cv.data
-    fallback = frozenset(settings.fallback_ops)
-    unit_of: dict[str, int] = {}
-    groups: dict[int, _Group] = {}
-    blockers: dict[str, str] = {}
-    canon_of_match: dict[int, set[str]] = {}
-    for m in matches:
-        canon = set(m.mapping.values())
-        canon_of_match[m.id] = canon
-        g = _Group(m.id, set(canon), reach.bits(canon), reach.ancestors(canon), reach.descendants(canon), [m], m.label())
-        groups[g.id] = g
-        for n in canon:
-            unit_of[n] = g.id
-    next_id = (max(groups) + 1) if groups else 0
-    for n in cv.op_nodes:
-        if n in unit_of:
-            continue
-        op = D.nodes[n].get("orig_op")
-        if any(_op_in(cv.program.graph.nodes[o].get("op"), fallback) for o in cv.original_nodes(n)):
-            blockers[n] = "forced to fallback by the fallback_ops option"
-            decisions.append(Decision("fallback", n, f"{op} is listed in fallback_ops", nodes=(n,)))
-            continue
-        if is_glue(cv, n):
-            g = _Group(next_id, {n}, reach.bits([n]), reach.ancestors([n]), reach.descendants([n]), [], f"{op}@{n}")
-            groups[next_id] = g
-            unit_of[n] = next_id
-            next_id += 1
-        else:
-            blockers[n] = "unmatched"
-    parent = {gid: gid for gid in groups}
+    """Merge ``matches`` and the glue ops between them into regions, appending every merge and refusal to
+    ``decisions`` (see the module docstring for the rules)."""
+    return _RegionFormation(cv, reach, settings, decisions).run(matches)
 
-    def find(x: int) -> int:
+
+class _RegionFormation:
+    """One run of region formation, split into its steps. The state the steps share: the units (``groups``, by id),
+    the unit of each canonical op (``unit_of``), the union-find forest over units (``parent``), the ops that block
+    merging and why (``blockers``), why ops ended outside every region (``outside_reason``) and the decision log."""
+
+    def __init__(self, cv: CanonicalView, reach: Reach, settings: Settings, decisions: list[Decision]) -> None:
+        self.cv = cv
+        self.reach = reach
+        self.settings = settings
+        self.decisions = decisions
+        self.groups: dict[int, _Group] = {}
+        self.unit_of: dict[str, int] = {}
+        self.blockers: dict[str, str] = {}
+        self.parent: dict[int, int] = {}
+        self.outside_reason: dict[str, str] = {}
+        self.order = {n: cv.data.nodes[n]["order"] for n in cv.data.nodes}
+
+    def run(self, matches: list[Match]) -> RegionResult:
+        """The steps in order: units, merging, graph-break refusals, regions, the full-compilation check."""
+        self.seed_matches(matches)
+        self.seed_ops()
+        self.parent = {gid: gid for gid in self.groups}
+        self.merge_along_edges()
+        self.log_unlinked_breaks()
+        kept = self.matched_groups()
+        regions = self.make_regions(kept, self.folded_inside(kept))
+        if self.settings.require_full_compilation:
+            regions = self.require_full(regions)
+        region_of = {n: r.id for r in regions for n in r.nodes}
+        return RegionResult(regions, region_of, self.outside_reason)
+
+    def seed_matches(self, matches: list[Match]) -> None:
+        """One unit per accepted match (id = the match's id), over the canonical nodes it maps to."""
+        reach = self.reach
+        for m in matches:
+            canon = set(m.mapping.values())
+            g = _Group(m.id, set(canon), reach.bits(canon), reach.ancestors(canon), reach.descendants(canon), [m],
+                       m.label())
+            self.groups[g.id] = g
+            for n in canon:
+                self.unit_of[n] = g.id
+
+    def seed_ops(self) -> None:
+        """Classify every op no match covers: forced to fallback (a blocker, logged), glue (a unit of its own, so it
+        can be absorbed into a region) or unmatched computation (a blocker). Glue unit ids follow the match ids."""
+        cv, reach, D = self.cv, self.reach, self.cv.data
+        fallback = frozenset(self.settings.fallback_ops)
+        next_id = (max(self.groups) + 1) if self.groups else 0
+        for n in cv.op_nodes:
+            if n in self.unit_of:
+                continue
+            op = D.nodes[n].get("orig_op")
+            if any(_op_in(cv.program.graph.nodes[o].get("op"), fallback) for o in cv.original_nodes(n)):
+                self.blockers[n] = "forced to fallback by the fallback_ops option"
+                self.decisions.append(Decision("fallback", n, f"{op} is listed in fallback_ops", nodes=(n,)))
+                continue
+            if is_glue(cv, n):
+                g = _Group(next_id, {n}, reach.bits([n]), reach.ancestors([n]), reach.descendants([n]), [], f"{op}@{n}")
+                self.groups[next_id] = g
+                self.unit_of[n] = next_id
+                next_id += 1
+            else:
+                self.blockers[n] = "unmatched"
+
+    def find(self, x: int) -> int:
+        """The root of unit ``x`` in the union-find forest (with path halving)."""
+        parent = self.parent
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
 
-    order = {n: D.nodes[n]["order"] for n in D.nodes}
-    edges = sorted(((u, v) for u, v, e in D.edges(data=True)
-                    if u in unit_of and v in unit_of), key=lambda e: (order[e[1]], order[e[0]]))
-    # merge along edges in topological order; a merge blocked only by nodes that may still join (glue or other
-    # matches) is retried after the pass, so the log keeps only refusals that are final
-    pending = edges
-    while pending:
+    def merge_along_edges(self) -> None:
+        """Merge units along the edges between them, in topological order. A merge blocked only by nodes that may
+        still join (glue or other matches) is retried after a pass that merged something, so the log keeps only
+        refusals that are final: those left when a pass merges nothing."""
+        order, unit_of = self.order, self.unit_of
+        pending = sorted(((u, v) for u, v, e in self.cv.data.edges(data=True) if u in unit_of and v in unit_of),
+                         key=lambda e: (order[e[1]], order[e[0]]))
+        while pending:
+            retry, merged_any = self.merge_pass(pending)
+            if not merged_any:
+                self.log_refused_merges(retry)
+                break
+            pending = [(u, v) for u, v, _ in retry]
+
+    def merge_pass(self, pending: list[tuple[str, str]]) -> tuple[list[tuple[str, str, str]], bool]:
+        """One pass over ``pending`` edges: merge the two units of each edge when their union stays convex.
+        Returns the refused edges with a witness (a node outside that would run both after and before the union)
+        and whether anything merged."""
         retry: list[tuple[str, str, str]] = []
         merged_any = False
         for u, v in pending:
-            a, b = find(unit_of[u]), find(unit_of[v])
+            a, b = self.find(self.unit_of[u]), self.find(self.unit_of[v])
             if a == b:
                 continue
-            ga, gb = groups[a], groups[b]
+            ga, gb = self.groups[a], self.groups[b]
             bits = ga.bits | gb.bits
             bad = (ga.anc | gb.anc) & (ga.desc | gb.desc) & ~bits
             if bad:
-                w = reach.witness(bad)
-                retry.append((u, v, w))
+                retry.append((u, v, self.reach.witness(bad)))
                 continue
-            _merge(cv, ga, gb, u, v, bits, decisions, parent, groups)
+            _merge(self.cv, ga, gb, u, v, bits, self.decisions, self.parent, self.groups)
             merged_any = True
-        if not merged_any:
-            logged: set[tuple] = set()
-            for u, v, w in retry:
-                ga, gb = groups[find(unit_of[u])], groups[find(unit_of[v])]
-                if ga is not gb and ga.matches and gb.matches and (ga.id, gb.id, w) not in logged:
-                    logged.add((ga.id, gb.id, w))
-                    why = blockers.get(w)
-                    what = f"{w} ({_describe(cv, w)}{', ' + why if why else ''})"
-                    decisions.append(Decision("refuse_merge", ga.label, f"merging would make {what} run both after "
-                                              "and before the merged region (not convex)", other=gb.label, nodes=(u, v)))
-            break
-        pending = [(u, v) for u, v, _ in retry]
-    for link in cv.program.links:
-        if not link.glue_free:
-            decisions.append(Decision("refuse_break", f"graph {link.src_graph} -> graph {link.dst_graph}",
-                                      f"{link.src_node} is changed by Python code between the graphs (not glue-free); "
-                                      "no region can span this break", nodes=(link.src_node, link.dst_node)))
+        return retry, merged_any
 
-    roots = sorted({find(g) for g in groups}, key=lambda r: min(order[n] for n in groups[r].members))
-    outside_reason: dict[str, str] = {}
-    kept: list[_Group] = []
-    for r in roots:
-        g = groups[r]
-        if not g.matches:
-            continue
-        kept.append(g)
-    # assign folded (value-identity) nodes: inside a group when their source and every consumer are
-    group_of: dict[str, int] = {}
-    for g in kept:
-        for n in g.members:
-            group_of[n] = g.id
-    folded_in: dict[int, list[str]] = {g.id: [] for g in kept}
-    G = cv.program.graph
-    for f, src in cv.folded.items():
-        if G.nodes[f]["kind"] != "op":
-            continue
-        cons = cv.folded_consumers.get(f, frozenset())
-        gid = group_of.get(src)
-        if gid is not None and all(group_of.get(c) == gid for c in cons):
-            folded_in[gid].append(f)
-    regions: list[Region] = []
-    for g in kept:
-        nodes = {o for n in g.members for o in cv.original_nodes(n)} | set(folded_in[g.id])
-        op_count = sum(1 for n in nodes if G.nodes[n]["kind"] == "op")
-        if settings.min_region_size > 1 and op_count < settings.min_region_size and not settings.require_full_compilation:
-            decisions.append(Decision("dissolve", g.label, f"{op_count} ops < min_region_size={settings.min_region_size};"
-                                      " left to the fallback path", nodes=tuple(sorted(g.members))))
-            for n in nodes:
-                outside_reason[n] = f"its region ({g.label}) has {op_count} ops < min_region_size={settings.min_region_size}"
-            continue
-        regions.append(_make_region(cv, g, nodes, len(regions)))
-    if settings.require_full_compilation:
+    def log_refused_merges(self, retry: list[tuple[str, str, str]]) -> None:
+        """Log the final convexity refusals between two units that both hold matches (glue that stays apart is not
+        worth a line), once per pair of units and witness."""
+        logged: set[tuple] = set()
+        for u, v, w in retry:
+            ga, gb = self.groups[self.find(self.unit_of[u])], self.groups[self.find(self.unit_of[v])]
+            if ga is not gb and ga.matches and gb.matches and (ga.id, gb.id, w) not in logged:
+                logged.add((ga.id, gb.id, w))
+                why = self.blockers.get(w)
+                what = f"{w} ({_describe(self.cv, w)}{', ' + why if why else ''})"
+                self.decisions.append(Decision("refuse_merge", ga.label, f"merging would make {what} run both after "
+                                               "and before the merged region (not convex)", other=gb.label,
+                                               nodes=(u, v)))
+
+    def log_unlinked_breaks(self) -> None:
+        """Log each graph break that no region can span because Python changed the crossing tensor (the canonical
+        view follows glue-free links only, so no merge was ever tried across it)."""
+        for link in self.cv.program.links:
+            if not link.glue_free:
+                self.decisions.append(Decision(
+                    "refuse_break", f"graph {link.src_graph} -> graph {link.dst_graph}",
+                    f"{link.src_node} is changed by Python code between the graphs (not glue-free); "
+                    "no region can span this break", nodes=(link.src_node, link.dst_node)))
+
+    def matched_groups(self) -> list[_Group]:
+        """The merged units that hold at least one match, in program order of their first node: the region
+        candidates (glue alone is not worth a kernel)."""
+        order = self.order
+        roots = sorted({self.find(g) for g in self.groups}, key=lambda r: min(order[n] for n in self.groups[r].members))
+        return [self.groups[r] for r in roots if self.groups[r].matches]
+
+    def folded_inside(self, kept: list[_Group]) -> dict[int, list[str]]:
+        """The folded (value-identity) op nodes each kept group takes in: those whose source and every consumer
+        are inside it. Canonicalization hid them from merging, but they run, so they belong to a region."""
+        group_of: dict[str, int] = {}
+        for g in kept:
+            for n in g.members:
+                group_of[n] = g.id
+        folded_in: dict[int, list[str]] = {g.id: [] for g in kept}
+        G = self.cv.program.graph
+        for f, src in self.cv.folded.items():
+            if G.nodes[f]["kind"] != "op":
+                continue
+            cons = self.cv.folded_consumers.get(f, frozenset())
+            gid = group_of.get(src)
+            if gid is not None and all(group_of.get(c) == gid for c in cons):
+                folded_in[gid].append(f)
+        return folded_in
+
+    def make_regions(self, kept: list[_Group], folded_in: dict[int, list[str]]) -> list[Region]:
+        """A region per kept group over its original nodes, numbered in order; a group under ``min_region_size``
+        ops is dissolved (logged, its ops given the reason) unless full compilation is required, which judges the
+        step as a whole instead."""
+        settings, G = self.settings, self.cv.program.graph
+        regions: list[Region] = []
+        for g in kept:
+            nodes = {o for n in g.members for o in self.cv.original_nodes(n)} | set(folded_in[g.id])
+            op_count = sum(1 for n in nodes if G.nodes[n]["kind"] == "op")
+            if (settings.min_region_size > 1 and op_count < settings.min_region_size
+                    and not settings.require_full_compilation):
+                self.decisions.append(Decision(
+                    "dissolve", g.label, f"{op_count} ops < min_region_size={settings.min_region_size};"
+                    " left to the fallback path", nodes=tuple(sorted(g.members))))
+                for n in nodes:
+                    self.outside_reason[n] = (f"its region ({g.label}) has {op_count} ops < "
+                                              f"min_region_size={settings.min_region_size}")
+                continue
+            regions.append(_make_region(self.cv, g, nodes, len(regions)))
+        return regions
+
+    def require_full(self, regions: list[Region]) -> list[Region]:
+        """``require_full_compilation``: keep ``regions`` only when they are one region covering every op;
+        otherwise log the refusal, mark every region's ops outside and return no regions."""
+        G = self.cv.program.graph
         all_ops = [n for n, d in G.nodes(data=True) if d["kind"] == "op"]
         inside = set().union(*(r.nodes for r in regions)) if regions else set()
         missing = [n for n in all_ops if n not in inside]
-        if missing or len(regions) != 1:
-            why = (f"{len(missing)} ops outside any region (first: {missing[0]} {G.nodes[missing[0]]['op']})" if missing
-                   else f"the step forms {len(regions)} regions, not one")
-            decisions.append(Decision("require_full", "step", f"require_full_compilation refused: {why}; "
-                                      "the whole step runs on the fallback path"))
-            for r in regions:
-                for n in r.nodes:
-                    outside_reason[n] = "require_full_compilation: the step is not fully fusible"
-            regions = []
-    region_of = {n: r.id for r in regions for n in r.nodes}
-    return RegionResult(regions, region_of, outside_reason)
+        if not missing and len(regions) == 1:
+            return regions
+        why = (f"{len(missing)} ops outside any region (first: {missing[0]} {G.nodes[missing[0]]['op']})" if missing
+               else f"the step forms {len(regions)} regions, not one")
+        self.decisions.append(Decision("require_full", "step", f"require_full_compilation refused: {why}; "
+                                       "the whole step runs on the fallback path"))
+        for r in regions:
+            for n in r.nodes:
+                self.outside_reason[n] = "require_full_compilation: the step is not fully fusible"
+        return []
 
 
 #: decision-log actions region formation writes (replaced when regions are formed again)

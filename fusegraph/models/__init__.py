@@ -101,9 +101,11 @@ class DecodeCase:
         return dataclasses.replace(self, cache=copy.deepcopy(self.cache))
 
     def cache_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the cache holds, layer by layer (KV layers' keys and values; a linear-attention or
+        convolution layer's states), so two executions' caches compare whatever the family keeps."""
         out = []
         for layer in self.cache.layers:
-            out += [layer.keys, layer.values]
+            out += [t for _, t in sorted(vars(layer).items()) if isinstance(t, torch.Tensor)]
         return out
 
 

@@ -27,8 +27,8 @@ from .reference import rotate_half
 from .registry import add_template_dir, provide, register_codegen_options, register_instruction, register_lowering
 from .render import nl_dtype
 from .stream import Chunk, ChunkUse, PrefetchPoint
-from .testing import (BF16_TOL, FP32_TOL, Builder, CaseProgram, OpCase, Tol, length_mask, register_cases,
-                      tol_for)
+from .testing import (BF16_TOL, EXACT, FP32_TOL, Builder, CaseProgram, OpCase, Tol, length_mask,
+                      register_cases, tol_for)
 
 W = weights
 
@@ -41,7 +41,8 @@ __all__ = [
     "register_lowering", "rotate_half", "sb2sb_dma_engine", "tiles", "Value", "ValueKind", "W", "weight_for_use",
     "weights", "x_tokens",
     # an op's test cases (its cases.py; fusegraph.codegen.testing)
-    "BF16_TOL", "Builder", "CaseProgram", "FP32_TOL", "length_mask", "OpCase", "register_cases", "Tol", "tol_for",
+    "BF16_TOL", "Builder", "CaseProgram", "EXACT", "FP32_TOL", "length_mask", "OpCase", "register_cases", "Tol",
+    "tol_for",
 ]
 
 

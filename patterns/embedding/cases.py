@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from fusegraph.codegen.api import BF16_TOL, Builder, CaseProgram, OpCase, register_cases
+from fusegraph.codegen.api import EXACT, Builder, CaseProgram, OpCase, register_cases
 
 from .embedding import embedding
 from .lowering import Embed, VocabParallelEmbed, round_to
@@ -52,10 +52,10 @@ def _vocab_parallel(ids: list[int], V: int, H: int, rank: int, ranks: int, dtype
 
 
 register_cases(__package__, [
-    OpCase("T3_V1000_H256_f32", lambda: _embed([5, 999, 0], 1000, 256, F32)),
-    OpCase("scaled_T2_V500_H200_bf16", lambda: _embed([17, 499], 500, 200, BF16, scaled=True), BF16_TOL),
+    OpCase("T3_V1000_H256_f32", lambda: _embed([5, 999, 0], 1000, 256, F32), EXACT),
+    OpCase("scaled_T2_V500_H200_bf16", lambda: _embed([17, 499], 500, 200, BF16, scaled=True), EXACT),
     OpCase("vocab_parallel_rank1of2_T5_H192_bf16",
-           lambda: _vocab_parallel([3, 700, 499, 500, 999], 1000, 192, rank=1, ranks=2, dtype=BF16), BF16_TOL),
+           lambda: _vocab_parallel([3, 700, 499, 500, 999], 1000, 192, rank=1, ranks=2, dtype=BF16), EXACT),
     OpCase("vocab_parallel_rank0of2_T4_H256_f32",
-           lambda: _vocab_parallel([0, 499, -1, 1000], 1000, 256, rank=0, ranks=2, dtype=F32)),
+           lambda: _vocab_parallel([0, 499, -1, 1000], 1000, 256, rank=0, ranks=2, dtype=F32), EXACT),
 ])

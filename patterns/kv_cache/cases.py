@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fusegraph.codegen.api import BF16_TOL, Builder, CaseProgram, OpCase, register_cases
+from fusegraph.codegen.api import EXACT, Builder, CaseProgram, OpCase, register_cases
 
 from .kv_cache_update import kv_cache_update
 from .lowering import KVRoll, KVWrite
@@ -48,9 +48,9 @@ def _roll(B: int, H: int, W: int, D: int, dtype: torch.dtype) -> CaseProgram:
 
 
 register_cases(__package__, [
-    OpCase("write_same_position_B2_2x64_L200_f32", lambda: _write([7, 7], 2, 200, 64, F32)),
-    OpCase("write_B3_4x64_L256_bf16", lambda: _write([0, 130, 255], 4, 256, 64, BF16), BF16_TOL),
-    OpCase("write_split_head_B2_2x256_L40_bf16", lambda: _write([5, 39], 2, 40, 256, BF16), BF16_TOL),
-    OpCase("roll_window_B2_2x64_W200_bf16", lambda: _roll(2, 2, 200, 64, BF16), BF16_TOL),
-    OpCase("roll_window_B1_4x128_W300_f32", lambda: _roll(1, 4, 300, 128, F32)),
+    OpCase("write_same_position_B2_2x64_L200_f32", lambda: _write([7, 7], 2, 200, 64, F32), EXACT),
+    OpCase("write_B3_4x64_L256_bf16", lambda: _write([0, 130, 255], 4, 256, 64, BF16), EXACT),
+    OpCase("write_split_head_B2_2x256_L40_bf16", lambda: _write([5, 39], 2, 40, 256, BF16), EXACT),
+    OpCase("roll_window_B2_2x64_W200_bf16", lambda: _roll(2, 2, 200, 64, BF16), EXACT),
+    OpCase("roll_window_B1_4x128_W300_f32", lambda: _roll(1, 4, 300, 128, F32), EXACT),
 ])

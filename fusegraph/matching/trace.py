@@ -209,45 +209,197 @@ def _expr(va: int, vb: int, da: Mapping[str, int], db: Mapping[str, int]) -> tup
 
 def _compile_one(pattern: Pattern, impl: Implementation, case: Mapping[str, Any], dtype: str,
                  slot_sigs: dict[str, list[tuple | None]]) -> CompiledVariant:
-    inputs = impl.inputs or pattern.inputs
-    syms = _symbols(inputs)
-    dims_a: dict[str, int] = {}
-    dims_b: dict[str, int] = {}
-    for k, s in enumerate(syms):
-        spec = pattern.dims.get(s, _DEFAULT_DIMS[k % len(_DEFAULT_DIMS)])
-        a, b = (spec, 2 * spec + 2) if isinstance(spec, int) else spec
-        if s in case:
-            a = b = int(case[s])
-        dims_a[s], dims_b[s] = a, b
-    params_a = {k: v for k, v in pattern.params.items()}
-    params_b = {k: _perturb(v) for k, v in pattern.params.items()}
-    static: dict[str, Any] = {}
-    device = str(case.get("_device", "cpu"))  # reserved case key: trace on another device (e.g. "meta")
-    case = {k: v for k, v in case.items() if k != "_device"}
-    for k, v in case.items():
-        if k not in dims_a:
-            params_a[k] = params_b[k] = v
-            static[k] = v
-    for k in pattern.params:
-        if k in case:
-            static[k] = case[k]
-    slots_a = {s: next(iter(slot.options.values())) for s, slot in pattern.slots.items()}
-    slots_b = {s: list(slot.options.values())[1] for s, slot in pattern.slots.items()}
-    accepted = keyword_names(impl.fn)
-    weights = frozenset(i.name for i in inputs if i.kind == "weight")
-    names = [i.name for i in inputs]
+    """One variant of ``pattern``: ``impl`` traced in ``dtype`` for ``case``, twice (A and B, see the module
+    docstring), its constants classified by comparing the traces. ``slot_sigs`` holds each slot option's traced
+    (op, consts). Raises :class:`PatternTraceError` when the two traces disagree in structure."""
+    return _VariantTracer(pattern, impl, case, dtype, slot_sigs).compile()
 
-    def run(dims: dict[str, int], params: dict[str, Any], slots: dict[str, Callable]) -> tuple[CanonicalView, list[str]]:
-        kwargs = {**params, **slots, "dtype": getattr(torch, dtype)}
-        if accepted is not None:
-            kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-        args = _example(inputs, dims, dtype, device)
-        prog, outs = trace_program(lambda *a: impl.fn(*a, **kwargs), args, names, weights)
+
+class _VariantTracer:
+    """The steps of :func:`_compile_one`: choose the two traces' example dims, params and slot options; trace both;
+    pair their nodes; build the pattern graph (nodes, then edges) from trace A checked against trace B; name its
+    outputs; package the :class:`CompiledVariant`."""
+
+    def __init__(self, pattern: Pattern, impl: Implementation, case: Mapping[str, Any], dtype: str,
+                 slot_sigs: dict[str, list[tuple | None]]) -> None:
+        self.pattern = pattern
+        self.impl = impl
+        self.dtype = dtype
+        self.slot_sigs = slot_sigs
+        self.inputs = impl.inputs or pattern.inputs
+        self.names = [i.name for i in self.inputs]
+        self.accepted = keyword_names(impl.fn)
+        self.device = str(case.get("_device", "cpu"))  # reserved case key: trace on another device (e.g. "meta")
+        self.case = {k: v for k, v in case.items() if k != "_device"}
+        self.dims_a, self.dims_b = self._example_dims(case)
+        self.params_a, self.params_b, self.static = self._example_params()
+        self.slots_a = {s: next(iter(slot.options.values())) for s, slot in pattern.slots.items()}
+        self.slots_b = {s: list(slot.options.values())[1] for s, slot in pattern.slots.items()}
+
+    def _example_dims(self, case: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+        """Each symbolic dim's size in traces A and B: the pattern's ``dims`` spec (an int a gives a and 2a+2) or a
+        default, distinct per dim so shape expressions can tell dims apart; a dim the case fixes is equal in both."""
+        dims_a: dict[str, int] = {}
+        dims_b: dict[str, int] = {}
+        for k, s in enumerate(_symbols(self.inputs)):
+            spec = self.pattern.dims.get(s, _DEFAULT_DIMS[k % len(_DEFAULT_DIMS)])
+            a, b = (spec, 2 * spec + 2) if isinstance(spec, int) else spec
+            if s in case:
+                a = b = int(case[s])
+            dims_a[s], dims_b[s] = a, b
+        return dims_a, dims_b
+
+    def _example_params(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The params of traces A and B (B's perturbed, so a constant equal to a param is recognised as that param)
+        and the static values: case keys that are not dims, fixed in both traces, and params the case sets."""
+        pattern, case = self.pattern, self.case
+        params_a = {k: v for k, v in pattern.params.items()}
+        params_b = {k: _perturb(v) for k, v in pattern.params.items()}
+        static: dict[str, Any] = {}
+        for k, v in case.items():
+            if k not in self.dims_a:
+                params_a[k] = params_b[k] = v
+                static[k] = v
+        for k in pattern.params:
+            if k in case:
+                static[k] = case[k]
+        return params_a, params_b, static
+
+    def run(self, dims: dict[str, int], params: dict[str, Any],
+            slots: dict[str, Callable]) -> tuple[CanonicalView, list[str]]:
+        """Trace the implementation once on example inputs of ``dims``; its canonical view and output nodes."""
+        kwargs = {**params, **slots, "dtype": getattr(torch, self.dtype)}
+        if self.accepted is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in self.accepted}
+        args = _example(self.inputs, dims, self.dtype, self.device)
+        weights = frozenset(i.name for i in self.inputs if i.kind == "weight")
+        fn = self.impl.fn
+        prog, outs = trace_program(lambda *a: fn(*a, **kwargs), args, self.names, weights)
         cv = canonicalize(prog)
         return cv, [cv.rep.get(o, o) for o in outs]
 
-    cv_a, outs_a = run(dims_a, params_a, slots_a)
-    cv_b, outs_b = run(dims_b, params_b, slots_b)
+    def compile(self) -> CompiledVariant:
+        """Trace A and B and build the variant from them, in the order the checks must run."""
+        cv_a, outs_a = self.run(self.dims_a, self.params_a, self.slots_a)
+        cv_b, outs_b = self.run(self.dims_b, self.params_b, self.slots_b)
+        nodes_a, inputs_a, a2b = _pair_traces(cv_a, cv_b)
+        P = nx.DiGraph()
+        for na in nodes_a:
+            pn = self.pattern_node(na, cv_a.data.nodes[na], cv_b.data.nodes[a2b[na]])
+            P.add_node(pn.name, p=pn)
+        pname = {n: n.split(".", 1)[1] for n in nodes_a}
+        in_edges = self.add_edges(P, cv_a, cv_b, a2b, pname, dict(zip(inputs_a, self.names)))
+        outputs = self.output_nodes(outs_a, pname)
+        if P.number_of_nodes() == 0:
+            raise PatternTraceError("the pattern traces to no ATen op")
+        dtypes = {nm: cv_a.data.nodes[n]["dtype"] for nm, n in zip(self.names, inputs_a)}
+        return self.variant(P, in_edges, outputs, dtypes)
+
+    def slot_of(self, da: Mapping[str, Any], db: Mapping[str, Any]) -> str | None:
+        """The slot a node fills: its op differs between the traces exactly as the slot's first two options do.
+        None when the node is the same op in both; an op that changes otherwise is an error."""
+        sig_a = (da["op"], tuple(sorted(da["consts"].items())))
+        sig_b = (db["op"], tuple(sorted(db["consts"].items())))
+        slot = None
+        if sig_a != sig_b and da["op"] != db["op"]:
+            for s in self.pattern.slots:
+                sigs = self.slot_sigs[s]
+                if len(sigs) > 1 and sig_a == sigs[0] and sig_b == sigs[1]:
+                    slot = s
+            if slot is None:
+                raise PatternTraceError(f"op {da['orig_op']} becomes {db['orig_op']} with other example sizes/params")
+        return slot
+
+    def pattern_node(self, na: str, da: Mapping[str, Any], db: Mapping[str, Any]) -> PatternNode:
+        """The pattern node of trace-A node ``na`` (data ``da``; ``db`` its trace-B twin): a slot node, or an op
+        node with its constants split into literals, params and shape expressions."""
+        if da["positions"] != db["positions"]:
+            raise PatternTraceError(f"op {da['orig_op']} changes its tensor arguments with example sizes")
+        slot = self.slot_of(da, db)
+        name = na.split(".", 1)[1]
+        if slot is not None:
+            return PatternNode(name=name, op=None, positions=da["positions"], dtype=da["dtype"], lits=(),
+                               cpaths=frozenset(), slot=slot, shape=da["shape"], orig_op=da["orig_op"])
+        if set(da["consts"]) != set(db["consts"]):
+            raise PatternTraceError(f"op {da['orig_op']} changes its constant arguments with example sizes")
+        lits, params, exprs = [], [], []
+        for path, va in sorted(da["consts"].items()):
+            vb = db["consts"][path]
+            kind = _classify(va, vb, self.params_a, self.params_b, self.dims_a, self.dims_b)
+            if kind[0] == "lit":
+                lits.append((path, va))
+            elif kind[0] == "param":
+                params.append((path, kind[1]))
+            elif kind[0] == "expr":
+                exprs.append((path, kind[1], kind[2]))
+            else:
+                log.debug("pattern %s: %s arg %s is shape-dependent (%r/%r); not checked", self.pattern.name,
+                          da["orig_op"], path, va, vb)
+        return PatternNode(name=name, op=da["op"], positions=da["positions"], dtype=da["dtype"], lits=tuple(lits),
+                           cpaths=frozenset(da["consts"]), params=tuple(params), exprs=tuple(exprs),
+                           shape=da["shape"], orig_op=da["orig_op"])
+
+    def add_edges(self, P: nx.DiGraph, cv_a: CanonicalView, cv_b: CanonicalView, a2b: dict[str, str],
+                  pname: dict[str, str], name_of: dict[str, str]) -> dict[str, list[tuple[str, frozenset]]]:
+        """Add trace A's op-to-op edges to ``P``, each checked to be in trace B with the same positions. Edges from
+        an input are not pattern edges: they are returned per input name (hazard edges dropped), what the matcher
+        binds inputs by."""
+        in_edges: dict[str, list[tuple[str, frozenset]]] = {nm: [] for nm in self.names}
+        for u, v, e in cv_a.data.edges(data=True):
+            ub, vb_ = a2b.get(u), a2b.get(v)
+            du, dv = cv_a.data.nodes[u], cv_a.data.nodes[v]
+            if dv["kind"] == "output":
+                continue
+            if (ub is None or vb_ is None or not cv_b.data.has_edge(ub, vb_)
+                    or cv_b.data.edges[ub, vb_]["pos"] != e["pos"]):
+                raise PatternTraceError("the traced graph's edges change with example sizes/params")
+            if du["kind"] == "input":
+                if e["pos"] != HAZARD:
+                    in_edges[name_of[u]].append((pname[v], e["pos"]))
+                continue
+            P.add_edge(pname[u], pname[v], pos=e["pos"])
+        return in_edges
+
+    def output_nodes(self, outs_a: list[str], pname: dict[str, str]) -> dict[str, str]:
+        """Output name -> the pattern node computing it; the function must return one computed tensor per
+        declared output (an input passed through cannot be matched as an output)."""
+        out_names = list(self.pattern.outputs)
+        if len(outs_a) != len(out_names):
+            raise PatternTraceError(f"the function returns {len(outs_a)} tensor(s) but outputs={out_names}")
+        outputs: dict[str, str] = {}
+        for oname, o in zip(out_names, outs_a):
+            if o not in pname:
+                raise PatternTraceError(f"output {oname!r} is not computed by the pattern (it is an input or a no-op "
+                                        "of one)")
+            outputs[oname] = pname[o]
+        return outputs
+
+    def variant(self, P: nx.DiGraph, in_edges: dict[str, list[tuple[str, frozenset]]], outputs: dict[str, str],
+                dtypes: dict[str, Any]) -> CompiledVariant:
+        """Package the variant: its name (implementation, case, dtype), the op census the matcher pre-filters
+        programs with, and the slot signatures the matcher accepts slot ops by."""
+        pattern, case = self.pattern, self.case
+        ops: dict[tuple[str, Any], int] = {}
+        for _, d in P.nodes(data=True):
+            pn = d["p"]
+            if pn.op is not None:
+                ops[(pn.op, pn.dtype)] = ops.get((pn.op, pn.dtype), 0) + 1
+        slot_sig_map = {s: {sig: opt for sig, opt in zip(self.slot_sigs[s], slot.options) if sig is not None}
+                        for s, slot in pattern.slots.items()}
+        cname = "".join(f",{k}={v}" for k, v in sorted(case.items()))
+        vname = f"{self.impl.name}{'[' + cname[1:] + ']' if cname else ''}/{self.dtype}"
+        return CompiledVariant(
+            pattern=pattern, name=vname, dtype=self.dtype, static=self.static,
+            fixed_dims={k: int(v) for k, v in case.items() if k in self.dims_a}, graph=P, inputs=in_edges,
+            input_specs={i.name: i for i in self.inputs}, input_dtypes=dtypes, outputs=outputs,
+            slot_signatures=slot_sig_map, ops=ops, connected=nx.is_weakly_connected(P),
+            takes_dtype=self.accepted is None or "dtype" in self.accepted,
+        )
+
+
+def _pair_traces(cv_a: CanonicalView, cv_b: CanonicalView) -> tuple[list[str], list[str], dict[str, str]]:
+    """Pair the nodes of traces A and B: op nodes in canonical order (the traces must have as many), inputs by
+    position. Returns A's op nodes, A's inputs in position order and the A -> B map."""
     nodes_a, nodes_b = list(cv_a.op_nodes), list(cv_b.op_nodes)
     if len(nodes_a) != len(nodes_b):
         raise PatternTraceError(
@@ -259,92 +411,7 @@ def _compile_one(pattern: Pattern, impl: Implementation, case: Mapping[str, Any]
     inputs_b = sorted((n for n, d in cv_b.data.nodes(data=True) if d["kind"] == "input"),
                       key=lambda n: cv_b.program.graph.nodes[n]["position"])
     a2b.update(zip(inputs_a, inputs_b))
-    name_of = dict(zip(inputs_a, names))
-
-    P = nx.DiGraph()
-    slot_sig_map: dict[str, dict[tuple, str]] = {}
-    for s, slot in pattern.slots.items():
-        slot_sig_map[s] = {sig: opt for sig, opt in zip(slot_sigs[s], slot.options) if sig is not None}
-    for na in nodes_a:
-        nb = a2b[na]
-        da, db = cv_a.data.nodes[na], cv_b.data.nodes[nb]
-        if da["positions"] != db["positions"]:
-            raise PatternTraceError(f"op {da['orig_op']} changes its tensor arguments with example sizes")
-        sig_a = (da["op"], tuple(sorted(da["consts"].items())))
-        sig_b = (db["op"], tuple(sorted(db["consts"].items())))
-        slot = None
-        if sig_a != sig_b and da["op"] != db["op"]:
-            for s in pattern.slots:
-                sigs = slot_sigs[s]
-                if len(sigs) > 1 and sig_a == sigs[0] and sig_b == sigs[1]:
-                    slot = s
-            if slot is None:
-                raise PatternTraceError(f"op {da['orig_op']} becomes {db['orig_op']} with other example sizes/params")
-        name = na.split(".", 1)[1]
-        if slot is not None:
-            pn = PatternNode(name=name, op=None, positions=da["positions"], dtype=da["dtype"], lits=(),
-                             cpaths=frozenset(), slot=slot, shape=da["shape"], orig_op=da["orig_op"])
-        else:
-            if set(da["consts"]) != set(db["consts"]):
-                raise PatternTraceError(f"op {da['orig_op']} changes its constant arguments with example sizes")
-            lits, params, exprs = [], [], []
-            for path, va in sorted(da["consts"].items()):
-                vb = db["consts"][path]
-                kind = _classify(va, vb, params_a, params_b, dims_a, dims_b)
-                if kind[0] == "lit":
-                    lits.append((path, va))
-                elif kind[0] == "param":
-                    params.append((path, kind[1]))
-                elif kind[0] == "expr":
-                    exprs.append((path, kind[1], kind[2]))
-                else:
-                    log.debug("pattern %s: %s arg %s is shape-dependent (%r/%r); not checked", pattern.name,
-                              da["orig_op"], path, va, vb)
-            pn = PatternNode(name=name, op=da["op"], positions=da["positions"], dtype=da["dtype"], lits=tuple(lits),
-                             cpaths=frozenset(da["consts"]), params=tuple(params), exprs=tuple(exprs),
-                             shape=da["shape"], orig_op=da["orig_op"])
-        P.add_node(name, p=pn)
-    pname = {n: n.split(".", 1)[1] for n in nodes_a}
-    in_edges: dict[str, list[tuple[str, frozenset]]] = {nm: [] for nm in names}
-    for u, v, e in cv_a.data.edges(data=True):
-        ub, vb_ = a2b.get(u), a2b.get(v)
-        du, dv = cv_a.data.nodes[u], cv_a.data.nodes[v]
-        if dv["kind"] == "output":
-            continue
-        if ub is None or vb_ is None or not cv_b.data.has_edge(ub, vb_) or cv_b.data.edges[ub, vb_]["pos"] != e["pos"]:
-            raise PatternTraceError("the traced graph's edges change with example sizes/params")
-        if du["kind"] == "input":
-            if e["pos"] != HAZARD:
-                in_edges[name_of[u]].append((pname[v], e["pos"]))
-            continue
-        P.add_edge(pname[u], pname[v], pos=e["pos"])
-    outputs: dict[str, str] = {}
-    out_names = list(pattern.outputs)
-    if len(outs_a) != len(out_names):
-        raise PatternTraceError(f"the function returns {len(outs_a)} tensor(s) but outputs={out_names}")
-    for oname, o in zip(out_names, outs_a):
-        if o not in pname:
-            raise PatternTraceError(f"output {oname!r} is not computed by the pattern (it is an input or a no-op of one)")
-        outputs[oname] = pname[o]
-    if P.number_of_nodes() == 0:
-        raise PatternTraceError("the pattern traces to no ATen op")
-    ops: dict[tuple[str, Any], int] = {}
-    for _, d in P.nodes(data=True):
-        pn = d["p"]
-        if pn.op is not None:
-            ops[(pn.op, pn.dtype)] = ops.get((pn.op, pn.dtype), 0) + 1
-    dtypes = {}
-    for nm, n in zip(names, inputs_a):
-        dtypes[nm] = cv_a.data.nodes[n]["dtype"]
-    cname = "".join(f",{k}={v}" for k, v in sorted(case.items()))
-    vname = f"{impl.name}{'[' + cname[1:] + ']' if cname else ''}/{dtype}"
-    return CompiledVariant(
-        pattern=pattern, name=vname, dtype=dtype, static=static,
-        fixed_dims={k: int(v) for k, v in case.items() if k in dims_a}, graph=P, inputs=in_edges,
-        input_specs={i.name: i for i in inputs}, input_dtypes=dtypes, outputs=outputs,
-        slot_signatures=slot_sig_map, ops=ops, connected=nx.is_weakly_connected(P),
-        takes_dtype=accepted is None or "dtype" in accepted,
-    )
+    return nodes_a, inputs_a, a2b
 
 
 def _classify(va: Any, vb: Any, pa: dict, pb: dict, da: dict, db: dict) -> tuple:

@@ -8,6 +8,7 @@ tells region formation beforehand whether a body can be lowered this way.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -19,13 +20,16 @@ from . import ir
 from . import weights as W
 from .emitters import Context, Emitted, inst_name, nbytes
 from .errors import CodegenError
-from .generic import (MATMULS, VIEWS, GOp, build_ops, matmul_operands, piece_of, unsupported_reason, value_class,
-                       weight_of)
+from .generic import (MATMULS, VIEWS, GOp, build_ops, elementwise_reason, matmul_operands, piece_of,
+                      unsupported_reason, value_class, weight_of)
 from .layout import Layout, PMAX
 from .lowering import Lowerer, preserves_order
 from .registry import register_body_lowering, register_lowering, service
 from .render import nl_dtype
 from .stream import Chunk, ChunkUse
+from .tensor import TensorOp, lower_tensor_piece, tensor_piece_refusal
+
+log = logging.getLogger(__name__)
 
 _ALU = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "maximum": torch.maximum,
         "minimum": torch.minimum}
@@ -205,7 +209,9 @@ class _Emission:
 
 
 # ---- lowerings ----------------------------------------------------------------------------------------------
-def _lower_piece(L: Lowerer, m: Any, piece: Any, what: str) -> None:
+def _piece_plan(L: Lowerer, piece: Any) -> tuple[list[str], list[str], list[GOp]]:
+    """The piece on the elementwise path, without touching the kernel: its inputs' classes and its op list;
+    raises :class:`CodegenError` when a value is neither per token nor per feature."""
     # the piece's per-token feature count: from its first full-size value
     F = None
     for n in piece.outputs + piece.nodes:
@@ -215,31 +221,62 @@ def _lower_piece(L: Lowerer, m: Any, piece: Any, what: str) -> None:
             F = f if F is None else max(F, f)
     if not F:
         raise CodegenError("generic lowering: no per-token value in the piece")
-    inputs, names, classes = [], [], []
+    names, classes = [], []
     for nid in piece.inputs:
         d = L.node(nid)
         cls = value_class(d["shape"], L.T, F)
-        if cls == "full":
-            inputs.append(L.act(nid))
-        elif cls == "feature" and d["kind"] == "input":
-            inputs.append(L.hbm(nid))
-        else:
+        if not (cls == "full" or (cls == "feature" and d["kind"] == "input")):
             raise CodegenError(f"generic lowering: input {nid} of shape {d['shape']} is not an activation or weight vector")
         names.append(nid)
         classes.append(cls)
     ops = build_ops(L.G, piece, L.T, F, dict(zip(names, classes)))
+    return names, classes, ops
+
+
+def _lower_piece(L: Lowerer, m: Any, piece: Any, what: str,
+                 planned: tuple[list[str], list[str], list[GOp]] | None = None) -> None:
+    names, classes, ops = planned or _piece_plan(L, piece)
+    inputs = [L.act(nid) if cls == "full" else L.hbm(nid) for nid, cls in zip(names, classes)]
     outs = [L.new_act(n, f"g_{L.node(n).get('name') or n}") for n in piece.outputs]
     L.emit(Elementwise(inputs=tuple(inputs), input_names=tuple(names), input_classes=tuple(classes), ops=tuple(ops),
                        outputs=tuple(outs), output_names=tuple(piece.outputs), what=what), m)
 
 
 def _piece_check(m: Any, graph: Any, tokens: int | None) -> str | None:
-    """Inputs generic lowering cannot place, when the step's token count is known (a scalar parameter's
-    ``softplus`` read by the piece, say)."""
+    """Why neither generic path can lower the piece: the SBUF elementwise path when its ops and, with the step's
+    token count known, its inputs and outputs fit it, else the tensor path (any shape, op by op)."""
     piece = m.params.get("piece")
-    if piece is None or tokens is None:
+    if piece is None or elementwise_refusal(graph, piece, tokens) is None:
         return None
-    return _inputs_refusal(graph, piece, tokens)
+    return tensor_piece_refusal(graph, piece)
+
+
+def elementwise_refusal(graph: Any, piece: Any, tokens: int | None) -> str | None:
+    """Why the SBUF elementwise path cannot take ``piece`` (its ops; with ``tokens`` known, its inputs and
+    outputs: per-token activations and weight vectors only)."""
+    for n in piece.nodes:
+        why = elementwise_reason(graph, n)
+        if why is not None:
+            return why
+    if tokens is None:
+        return None
+    why = _inputs_refusal(graph, piece, tokens)
+    if why is not None:
+        return why
+    F = max((_per_token(graph.nodes[n].get("shape"), tokens) or 0 for n in piece.outputs + piece.nodes), default=0)
+    for n in piece.outputs:
+        if value_class(graph.nodes[n].get("shape"), tokens, F) != "full":
+            return f"output {n} of shape {graph.nodes[n].get('shape')} is not a per-token activation"
+    return None
+
+
+def _per_token(shape: Any, tokens: int) -> int | None:
+    if not (isinstance(shape, tuple) and shape and not isinstance(shape[0], tuple) and int(shape[0]) == tokens):
+        return None
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n // tokens if n % tokens == 0 else None
 
 
 def _inputs_refusal(graph: Any, piece: Any, tokens: int) -> str | None:
@@ -262,10 +299,23 @@ def _inputs_refusal(graph: Any, piece: Any, tokens: int) -> str | None:
     return None
 
 
-@register_lowering("generic", check=_piece_check, instructions=[Elementwise])
+@register_lowering("generic", check=_piece_check, instructions=[Elementwise, TensorOp])
 def lower_generic(L: Lowerer, m: Any) -> None:
-    """A ``fusegraph.generic`` match: connected unmatched ops (the piece travels in ``params["piece"]``)."""
-    _lower_piece(L, m, m.params["piece"], "unmatched ops")
+    """A ``fusegraph.generic`` match: connected unmatched ops (the piece travels in ``params["piece"]``), on the
+    SBUF elementwise path where it fits, else on the tensor path."""
+    piece = m.params["piece"]
+    planned = None
+    if elementwise_refusal(L.G, piece, L.T) is None:
+        try:
+            planned = _piece_plan(L, piece)
+        except CodegenError as e:
+            if tensor_piece_refusal(L.G, piece) is not None:
+                raise
+            log.debug("piece %s: not on the elementwise path (%s); the tensor path takes it", piece.nodes[0], e)
+    if planned is not None:
+        _lower_piece(L, m, piece, "unmatched ops", planned)
+    else:
+        lower_tensor_piece(L, m, piece)
 
 
 def body_nodes(m: Any, graph: Any) -> list[str]:

@@ -58,6 +58,7 @@ class Context:
     store_only: set = field(default_factory=set)  # values read only by Store instructions (no exchange needed)
     stores: dict = field(default_factory=dict)  # value read by exactly one Store -> that Store's HBM output
     stored: set = field(default_factory=set)  # values their producer wrote to HBM itself (their Store: nothing)
+    hbm_consts: set = field(default_factory=set)  # constant arguments that stay in HBM (ir.Constant.on_chip=False)
 
     def split(self, n: int) -> int:
         """Items per core when ``n`` items are split between the LNC=2 cores (0: not split)."""

@@ -27,8 +27,8 @@ import torch
 
 from fusegraph.matching.activations import for_aten
 from fusegraph.matching.generic_ops import (BINARY, LAYER_NORM, MATMULS, SUPPORTED, UNARY, VIEWS, GenericPiece,
-                                            find_pieces, matmul_operands, piece_of, pow_exponent, supports,
-                                            unsupported_reason, value_class, weight_of)
+                                            elementwise_reason, find_pieces, matmul_operands, piece_of,
+                                            pow_exponent, supports, unsupported_reason, value_class, weight_of)
 
 from .errors import CodegenError
 
@@ -216,5 +216,5 @@ def _layer_norm(n: str, d: dict, x: str, cls: dict[str, str], features: int) -> 
     return ops
 
 
-__all__ = ["BINARY", "GenericPiece", "GOp", "MATMULS", "SUPPORTED", "UNARY", "VIEWS", "build_ops", "find_pieces",
+__all__ = ["BINARY", "elementwise_reason", "GenericPiece", "GOp", "MATMULS", "SUPPORTED", "UNARY", "VIEWS", "build_ops", "find_pieces",
            "matmul_operands", "piece_of", "supports", "unsupported_reason", "value_class", "weight_of"]

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 
 from . import ir
-from .emitters import Context, Emitted, inst_name
+from .emitters import Context, Emitted, code, inst_name
 from .registry import register_instruction
 from .render import nl_dtype
 
@@ -53,23 +53,49 @@ class Store(ir.Instruction):
     def emit(self, ctx: Context, i: int) -> Emitted:
         if self.x.name in ctx.stored:  # its producer stored it chunk by chunk (a batch's logits, ops/linear.py)
             return Emitted()
-        lay = ctx.layout(self.x)
-        F = self.x.features
-        # partition-major: FT contiguous features per partition; chunk-major: one element per descriptor (slow)
-        half = ctx.split(lay.FT) if self.x.name in ctx.store_only and lay.split == 1 else 0
-        n = half or lay.FT
-        pattern = ([[lay.FT, lay.P], [1, n], [F, ctx.tokens]] if lay.pmajor
-                   else [[1, lay.P], [lay.P, n], [F, ctx.tokens]])
-        if lay.split != 1:  # a head-split value (heads > 128 partitions): whole, from both tile dims
-            pattern = lay.row_pattern() + [[F, ctx.tokens]]
+        half = ctx.split(ctx.layout(self.x).FT) if self.x.name in ctx.store_only and ctx.layout(self.x).split == 1 \
+            else 0
         e = Emitted()
-        e.code("store.j2", what=self.dst.name, T=ctx.tokens, F=F, P=lay.P, FT=lay.FT, dst=ctx.var(self.dst),
-               x=ctx.var(self.x), name=inst_name(self), pattern=pattern, contiguous=lay.pmajor, half=half,
-               pmajor=lay.pmajor, only_core0=ctx.lnc == 2 and not half)
+        e.pieces.append(store_code(ctx, self, half=half, only_core0=ctx.lnc == 2 and not half))
         return e
 
     def reference(self, env: dict[str, torch.Tensor]) -> None:
         env[self.dst.name] = env[self.x.name].reshape(self.dst.shape).clone()
+
+
+def store_code(ctx: Context, ins: "Store", *, half: int = 0, only_core0: bool = False) -> str:
+    """The code storing ``ins.x`` (an SBUF activation) to ``ins.dst`` (HBM ``[T, F]`` row-major); ``half``: this
+    core's half of the chunks under LNC=2."""
+    lay = ctx.layout(ins.x)
+    F = ins.x.features
+    # partition-major: FT contiguous features per partition; chunk-major: one element per descriptor (slow)
+    n = half or lay.FT
+    pattern = ([[lay.FT, lay.P], [1, n], [F, ctx.tokens]] if lay.pmajor
+               else [[1, lay.P], [lay.P, n], [F, ctx.tokens]])
+    if lay.split != 1:  # a head-split value (heads > 128 partitions): whole, from both tile dims
+        pattern = lay.row_pattern() + [[F, ctx.tokens]]
+    return code("store.j2", what=ins.dst.name, T=ctx.tokens, F=F, P=lay.P, FT=lay.FT, dst=ctx.var(ins.dst),
+                x=ctx.var(ins.x), name=inst_name(ins), pattern=pattern, contiguous=lay.pmajor, half=half,
+                pmajor=lay.pmajor, only_core0=only_core0)
+
+
+@register_instruction
+@dataclass
+class Spill(Store):
+    """Write an SBUF activation into a tensor-path buffer of the kernel's HBM scratch (``[T, F]`` row-major), so
+    ops of any shape can read it (:mod:`fusegraph.codegen.tensor`). Every core writes its own (private) copy."""
+
+    opcode: ClassVar[str] = "spill"
+
+    def writes(self) -> list[ir.Value]:
+        return [self.dst]
+
+    def emit(self, ctx: Context, i: int) -> Emitted:
+        e = Emitted()
+        e.pieces.append(code("alloc_hbm.j2", var=ctx.var(self.dst), shape=tuple(self.dst.shape),
+                             dtype=nl_dtype(self.dst.dtype), name=inst_name(self)))
+        e.pieces.append(store_code(ctx, self))
+        return e
 
 
 @register_instruction

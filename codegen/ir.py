@@ -47,6 +47,7 @@ class ValueKind:
     INPUT = "input"  # per-step HBM input computed outside the kernel (token ids, cos/sin, mask, cache index)
     OUTPUT = "output"  # HBM output of the kernel (logits)
     ROUTING = "routing"  # token-major [T, K] SBUF tile (router top-k weights / expert ids)
+    TENSOR = "tensor"  # a buffer of any shape in the kernel's HBM scratch (the tensor path, codegen/tensor)
 
 
 @dataclass
@@ -73,10 +74,13 @@ class Value:
 @dataclass
 class Constant:
     """A constant kernel argument fusegraph supplies (ones, rotation matrices, token selectors). ``role`` is the
-    key emitters look its SBUF variable up by (``ctx.consts[role]``)."""
+    key emitters look its SBUF variable up by (``ctx.consts[role]``). ``on_chip=False``: it stays in HBM (a value
+    of any shape the tensor path folded when the kernel was built: an ``arange``, a ``full``), read by its
+    argument name."""
 
     tensor: torch.Tensor
     role: str
+    on_chip: bool = True
 
 
 class Constraints:

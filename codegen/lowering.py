@@ -139,6 +139,9 @@ class Lowerer:
         self.aliases: dict[str, str] = {}  # program node -> node whose kernel value it is (in-place writes)
         self.guards: list[tuple[ir.Value, str]] = []  # (flag, reason): stored as guard outputs at the end
         self.shared: dict[str, Any] = {}  # per-kernel state ops share (the routers' tie flag)
+        #: region outputs a lowering stored itself (program node -> the kernel output value written)
+        self.stored_outputs: dict[str, ir.Value] = {}
+        self._on_chip: dict[str, ir.Value] = {}  # tensor-path buffer name -> its activation, loaded once
         self._matched_nodes: set[str] | None = None
         self._names: set[str] = set()
 
@@ -244,7 +247,8 @@ class Lowerer:
         for cand in (nid, *reversed(views), *self._view_chain(nid)):
             cand = self.aliases.get(cand, cand)
             if cand in self.values:
-                return self.values[cand]
+                v = self.values[cand]
+                return self._activation_of(cand, v) if v.kind == V.TENSOR else v
         d = self.node(nid)
         F = self.features(nid)
         src = self._arg(nid, V.INPUT, (self.T, F), _dtype(d["dtype"]), f"in_{d.get('name') or nid}")
@@ -252,6 +256,25 @@ class Lowerer:
         self.instructions.append(Load(src=src, out=out))
         self.values[nid] = out
         return out
+
+    def _activation_of(self, nid: str, v: ir.Value) -> ir.Value:
+        """The SBUF activation of a tensor-path buffer (a whole ``[T, F]`` row-major value in the kernel's HBM
+        scratch, :mod:`fusegraph.codegen.tensor`), loaded once for every pattern that reads it."""
+        if v.name in self._on_chip:
+            return self._on_chip[v.name]
+        n = 1
+        for s in v.shape:
+            n *= int(s)
+        if n % self.T:
+            raise CodegenError(f"value {nid} of shape {tuple(v.shape)} is not per-token for {self.T} tokens")
+        out = ir.Value(self.unique(f"a_{v.name}"), V.ACT, (self.T, n // self.T), v.dtype, node=nid)
+        self.instructions.append(Load(src=v, out=out))
+        self._on_chip[v.name] = out
+        return out
+
+    def store_output(self, nid: str, value: ir.Value) -> None:
+        """Record that a lowering wrote region output ``nid`` to the kernel output ``value`` itself."""
+        self.stored_outputs[nid] = value
 
     def _view_chain(self, nid: str) -> list[str]:
         """Producers reached back through layout-preserving view ops (transpose of a size-1 dim, reshape...)."""
@@ -350,6 +373,10 @@ def lower_region(program: Any, region: Any, tokens: int, name: str = "fusegraph_
     for b in region.outputs:
         nid = b.node
         if nid in L.host_nodes or L.node(nid).get("kind") == "input":
+            continue
+        if nid in L.stored_outputs:  # written by its lowering (a tensor-path value of any shape)
+            outputs[L.stored_outputs[nid].name] = nid
+            out_values.append(L.stored_outputs[nid])
             continue
         v = L.values.get(L.aliases.get(nid, nid))
         if v is None:

@@ -83,10 +83,11 @@ def generate(program: ir.KernelProgram, *, target: str = "trn2", chunk_bytes: in
     em = _Body(program, ctx)
     em.emit_all()
     body, stream_stats = resolve(em.pieces, ring)
-    budget = _budget(program, em, constants, stream_stats, target, sbuf_budget_bytes)
+    on_chip = {k: t for k, t in constants.items() if k not in ctx.hbm_consts}
+    budget = _budget(program, em, on_chip, stream_stats, target, sbuf_budget_bytes)
     args = [v.name for v in program.inputs] + list(constants)
     source = cached_source if cached_source is not None else _render_source(
-        program, args, constants, em.module_code, pre_code, body, target=target, ring=ring, lnc=lnc, model=model,
+        program, args, on_chip, em.module_code, pre_code, body, target=target, ring=ring, lnc=lnc, model=model,
         region=region)
     if check and cached_source is None:
         _check_conformance(source)
@@ -116,12 +117,16 @@ def _context(program: ir.KernelProgram, layouts: dict[str, Layout], specs: dict[
 
 def _constants(program: ir.KernelProgram, ctx: Context) -> dict[str, torch.Tensor]:
     """The constant kernel arguments the instructions ask for (ones, rotations, selectors), each loaded once; the
-    context learns the SBUF name of each role."""
+    context learns the SBUF name of each role. Constants that stay in HBM (``on_chip=False``) are arguments only:
+    their names are in ``ctx.hbm_consts``."""
     constants: dict[str, torch.Tensor] = {}
     for ins in program.instructions:
         for key, const in ins.constants(ctx).items():
             constants[key] = const.tensor
-            ctx.consts[const.role] = key.replace("c_", "s_", 1)
+            if const.on_chip:
+                ctx.consts[const.role] = key.replace("c_", "s_", 1)
+            else:
+                ctx.hbm_consts.add(key)
     return constants
 
 

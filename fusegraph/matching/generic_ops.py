@@ -24,6 +24,7 @@ from typing import Any, Iterable
 import networkx as nx
 
 from .activations import TABLE, for_aten
+from .tensor_ops import CATEGORY, tensor_reason
 
 #: ATen unary ops the Scalar engine evaluates as an activation function (from the one activation table)
 UNARY = {a.aten for a in TABLE}
@@ -80,8 +81,17 @@ def value_class(shape: Any, tokens: int, features: int) -> str | None:
 
 
 def unsupported_reason(G: nx.DiGraph, node: str, body: bool = False) -> str | None:
-    """Why generic lowering cannot compute this op (None: it can; shapes are checked when a piece is lowered).
-    ``body``: the op is part of a matched pattern's body (see ``BODY_OPS``)."""
+    """Why generic lowering cannot compute this op (None: it can; shapes are checked when a piece is lowered):
+    on the SBUF elementwise path, or else on the tensor path (:mod:`.tensor_ops`, any shape). ``body``: the op is
+    part of a matched pattern's body (see ``BODY_OPS``; bodies take the elementwise path only)."""
+    why = elementwise_reason(G, node, body)
+    if why is None or body:
+        return why
+    return None if tensor_reason(G, node) is None else why
+
+
+def elementwise_reason(G: nx.DiGraph, node: str, body: bool = False) -> str | None:
+    """Why the SBUF elementwise path cannot compute this op (see :func:`unsupported_reason`)."""
     d = G.nodes[node]
     op = d.get("op")
     if d.get("kind") != "op":
@@ -198,12 +208,12 @@ def find_pieces(G: nx.DiGraph, candidates: set[str]) -> list[GenericPiece]:
     H = G.subgraph(ok)
     pieces = []
     for comp in nx.weakly_connected_components(H):
-        if all(G.nodes[n]["op"] in VIEWS for n in comp):
-            continue
+        if all(G.nodes[n]["op"] in VIEWS or CATEGORY.get(G.nodes[n]["op"]) == "view" for n in comp):
+            continue  # layout glue between matches: region formation absorbs it
         pieces.append(piece_of(G, comp))
     return pieces
 
 
-__all__ = ["BINARY", "BODY_OPS", "GenericPiece", "LAYER_NORM", "MATMULS", "OTHER", "PIECE_OPS", "SUPPORTED",
+__all__ = ["BINARY", "BODY_OPS", "elementwise_reason", "GenericPiece", "LAYER_NORM", "MATMULS", "OTHER", "PIECE_OPS", "SUPPORTED",
            "TRANSPOSE", "UNARY", "VIEWS", "find_pieces", "matmul_operands", "piece_of", "pow_exponent", "supports",
            "unsupported_reason", "value_class", "weight_of"]

@@ -1,0 +1,272 @@
+"""Lower a generic piece on the tensor path: each ATen op of the piece, in program order, as a
+:class:`~.instruction.TensorOp` over strided views (views themselves cost nothing).
+
+Where values come from: a value another match of the region left in SBUF is spilled to scratch once
+(:class:`~fusegraph.codegen.io.Spill`); a model weight is read as it is (its own kernel argument, never a layout
+another op re-laid out); a state tensor is read and written in place; a value computed outside the kernel is a
+per-step input; a value known when the kernel is built (``arange``, ``full``...) is a constant argument. Where
+values go: every value the piece hands to the rest of the region is a whole buffer (materialized if it was a
+strided view), which a pattern reads through :meth:`~fusegraph.codegen.lowering.Lowerer.act`, and a region
+output is copied into its kernel output.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fusegraph.matching.tensor_ops import CATEGORY, tensor_reason
+
+from .. import ir
+from ..bind import weight_for_use
+from ..errors import CodegenError
+from ..io import Spill
+from ..lowering import Lowerer
+from .instruction import EMITTERS, TensorOp, kernel_dtype
+from .view import TRef, contiguous_strides, view_of, whole
+
+V = ir.ValueKind
+#: ops that are views on the tensor path although matching files them elsewhere (no data moves in a functional
+#: graph: a clone nobody mutates is its source)
+_AS_VIEW = {"aten.clone.default", "aten.contiguous.default"}
+_SHARED = "tensor path"
+
+
+def tensor_piece_refusal(graph: Any, piece: Any) -> str | None:
+    """Why the tensor path cannot lower ``piece`` (None: it can, as far as its ops tell)."""
+    for n in piece.nodes:
+        why = tensor_reason(graph, n)
+        if why is not None:
+            return why
+        op = graph.nodes[n]["op"]
+        if CATEGORY.get(op) not in ("view", "const") and op not in EMITTERS and op not in _AS_VIEW:
+            return f"{op} has no emitter on the tensor path"
+    return None
+
+
+class TensorLowering:
+    """The tensor path's state in one kernel (shared by every piece of the region: a view or buffer one piece
+    made is found by the next)."""
+
+    def __init__(self, L: Lowerer) -> None:
+        self.L = L
+        self.refs: dict[tuple[str, int | None], TRef] = {}
+
+    @classmethod
+    def of(cls, L: Lowerer) -> "TensorLowering":
+        tl = L.shared.get(_SHARED)
+        if tl is None:
+            tl = L.shared[_SHARED] = cls(L)
+        return tl
+
+    # ---- values in -----------------------------------------------------------------------------------------
+    def ref(self, nid: str, index: int | None = None) -> TRef:
+        """The tensor-path view of program value ``nid`` (output ``index`` of a multi-output op)."""
+        key = (nid, index)
+        if key in self.refs:
+            return self.refs[key]
+        if index is not None:
+            raise CodegenError(f"output {index} of {nid} is not a value the tensor path has")
+        L = self.L
+        nid = L.aliases.get(nid, nid)
+        d = L.node(nid)
+        shape = tuple(int(s) for s in d["shape"])
+        v = L.values.get(nid)
+        if v is not None and v.kind == V.ACT:
+            ref = self._spill(nid, v)
+        elif v is not None and v.kind in (V.TENSOR, V.STATE, V.WEIGHT, V.INPUT):
+            ref = whole(v)
+        elif d["kind"] == "input":
+            ref = whole(self._argument(nid, d))
+        else:  # computed outside the kernel (eagerly, before it): a per-step input in its own shape
+            ref = whole(L.step_input(nid, shape, label=f"in_{d.get('name') or nid}"))
+        if ref.shape != shape:
+            ref = TRef(ref.value, shape, contiguous_strides(shape), ref.offset)
+        self.refs[key] = ref
+        return ref
+
+    def _argument(self, nid: str, d: dict) -> ir.Value:
+        kind = str(getattr(d.get("input_kind"), "value", d.get("input_kind")))
+        if kind in ("weight", "buffer"):
+            label = (d.get("module") or d.get("source") or nid).replace("model.layers.", "l").replace("model.", "")
+            return weight_for_use(self.L, nid, "as-is", f"{label}_t")
+        if kind == "state":
+            return self.L.hbm(nid)
+        shape = tuple(int(s) for s in d["shape"])
+        return self.L.step_input(nid, shape, label=f"in_{d.get('name') or nid}")
+
+    def _spill(self, nid: str, act: ir.Value) -> TRef:
+        L = self.L
+        buf = ir.Value(L.unique(f"t_{act.name}"), V.TENSOR, tuple(act.shape), act.dtype, node=nid)
+        L.instructions.append(Spill(x=act, dst=buf))
+        return whole(buf)
+
+    def arg(self, a: Any) -> Any:
+        """An ATen argument with program references replaced by views."""
+        if hasattr(a, "node"):
+            return self.ref(a.node, getattr(a, "index", None))
+        if isinstance(a, list):
+            return [self.arg(x) for x in a]
+        if isinstance(a, tuple):
+            return tuple(self.arg(x) for x in a)
+        return a
+
+    # ---- ops -----------------------------------------------------------------------------------------------
+    def lower(self, m: Any, piece: Any) -> None:
+        """Every op of ``piece`` (part of match ``m``), then its outputs made whole for their readers."""
+        G = self.L.G
+        for n in sorted(piece.nodes, key=lambda n: G.nodes[n]["order"]):
+            self.node(m, n)
+        for n in piece.outputs:
+            self.hand_over(m, n)
+        self.L.kernel_nodes |= set(piece.nodes)  # views too: they are strided reads of kernel buffers
+
+    def node(self, m: Any, n: str) -> None:
+        d = self.L.node(n)
+        op = d["op"]
+        cat = CATEGORY.get(op)
+        if op == "getitem":
+            src, idx = d["args"][0], d["args"][1]
+            self.refs[(n, None)] = self.ref(src.node, idx)
+            return
+        if op == "aten._to_copy.default" and d["dtype"] == self.L.node(d["args"][0].node).get("dtype"):
+            self.refs[(n, None)] = self.ref(d["args"][0].node)
+            return
+        if cat == "view" or op in _AS_VIEW:
+            self._view(m, n, d)
+        elif cat == "const":
+            self._const(m, n, d)
+        elif op == "aten.copy_.default":
+            self._state_write(m, n, d)
+        else:
+            self._compute(m, n, d)
+
+    def _view(self, m: Any, n: str, d: dict) -> None:
+        args = self.arg(list(d["args"]))
+        shape = d["shape"]
+        made = view_of(d["op"], args, shape) if d["op"] not in _AS_VIEW else args[0]
+        if made is None:  # PyTorch would copy too (a reshape of a transposed value): materialize, then view
+            src = self._materialize(m, n, args[0])
+            made = view_of(d["op"], [src] + args[1:], shape)
+            if made is None:
+                raise CodegenError(f"{d['op']} of {args[0].shape} to {shape} is not a view of a contiguous value")
+        if isinstance(made, tuple):
+            for i, r in enumerate(made):
+                self.refs[(n, i)] = r
+        else:
+            self.refs[(n, None)] = made
+
+    def _const(self, m: Any, n: str, d: dict) -> None:
+        value = _evaluate(self.L.G, d)
+        value = value.to(kernel_dtype(value.dtype)).contiguous()
+        out = ir.Value(self.L.unique(f"c_{d.get('name') or n}"), V.TENSOR, tuple(value.shape), value.dtype, node=n)
+        ins = TensorOp(op=d["op"], args=(), kwargs={}, outs=(whole(out),), target=d["target"], fresh=(False,),
+                       const=value)
+        self.L.emit(ins, _only(m, n))
+        self.refs[(n, None)] = whole(out)
+
+    def _compute(self, m: Any, n: str, d: dict) -> None:
+        L = self.L
+        shapes = d["shape"] if _multi(d) else (d["shape"],)
+        dtypes = d["dtype"] if _multi(d) else (d["dtype"],)
+        outs = []
+        for k, (shape, dt) in enumerate(zip(shapes, dtypes)):
+            shape = tuple(int(s) for s in shape)
+            v = ir.Value(L.unique(f"t_{d.get('name') or n}" + (f"_{k}" if k else "")), V.TENSOR, shape,
+                         getattr(torch, dt), node=n)
+            outs.append(whole(v))
+        ins = TensorOp(op=d["op"], args=tuple(self.arg(list(d["args"]))), kwargs=self.arg(dict(d["kwargs"])),
+                       outs=tuple(outs), target=d["target"], fresh=(True,) * len(outs))
+        L.emit(ins, _only(m, n))
+        if _multi(d):
+            for k, o in enumerate(outs):
+                self.refs[(n, k)] = o
+        else:
+            self.refs[(n, None)] = outs[0]
+
+    def _state_write(self, m: Any, n: str, d: dict) -> None:
+        L = self.L
+        state = d.get("writes_state")
+        if not state:
+            raise CodegenError(f"{n}: copy_ into something other than a state tensor")
+        dst = self.ref(d["args"][0].node)
+        src = self.arg(d["args"][1])
+        ins = TensorOp(op=d["op"], args=(dst, src), kwargs={}, outs=(dst,), target=d["target"], fresh=(False,))
+        L.emit(ins, _only(m, n))
+        sv = L.values[state] if state in L.values else L.hbm(state)
+        L.state[sv.name] = state
+        L.alias(n, state)
+        self.refs[(n, None)] = dst
+
+    def _materialize(self, m: Any, n: str, ref: TRef) -> TRef:
+        """``ref`` copied into a fresh contiguous buffer (a copy of any strided view)."""
+        L = self.L
+        v = ir.Value(L.unique(f"t_{ref.value.name}_c"), V.TENSOR, tuple(ref.shape), ref.dtype, node=n)
+        out = whole(v)
+        L.emit(TensorOp(op="aten.copy.default", args=(out, ref), kwargs={}, outs=(out,),
+                        target=torch.ops.aten.copy.default, fresh=(True,)), _only(m, n))
+        return out
+
+    # ---- values out ----------------------------------------------------------------------------------------
+    def hand_over(self, m: Any, n: str) -> None:
+        """Piece output ``n``: a whole buffer in ``L.values`` (patterns read it through ``L.act``), and, when it
+        leaves the region, copied into its kernel output."""
+        L = self.L
+        ref = self.refs.get((n, None))
+        if ref is None:
+            return  # a multi-output op read only through getitem (its items are handed over)
+        if ref.value.kind == V.TENSOR and not ref.whole():
+            ref = self._materialize(m, n, ref)
+            self.refs[(n, None)] = ref
+        if ref.value.kind == V.TENSOR:
+            L.values[n] = ref.value
+        if n in {b.node for b in L.region.outputs} and n not in L.stored_outputs and ref.value.kind != V.STATE:
+            d = L.node(n)
+            shape = tuple(int(s) for s in d["shape"])
+            dst = ir.Value(L.unique(f"out_{d.get('name') or n}"), V.OUTPUT, shape,
+                           kernel_dtype(getattr(torch, d["dtype"])), node=n)
+            L.emit(TensorOp(op="aten.copy.default", args=(whole(dst), ref), kwargs={}, outs=(whole(dst),),
+                            target=torch.ops.aten.copy.default, fresh=(False,)), _only(m, n))
+            L.store_output(n, dst)
+
+
+class _One:
+    """A match restricted to one of its nodes (each TensorOp implements one program node)."""
+
+    def __init__(self, m: Any, n: str) -> None:
+        self.layer, self.module, self.pattern, self.nodes = m.layer, m.module, m.pattern, frozenset({n})
+
+
+def _only(m: Any, n: str) -> Any:
+    return _One(m, n)
+
+
+def _multi(d: dict) -> bool:
+    shape = d.get("shape")
+    return isinstance(shape, tuple) and bool(shape) and isinstance(shape[0], (tuple, list))
+
+
+def _evaluate(G: Any, d: dict) -> torch.Tensor:
+    """A constant op's value (its tensor arguments, e.g. ``zeros_like``'s, only give a shape and dtype)."""
+    def sub(a: Any) -> Any:
+        if hasattr(a, "node"):
+            s = G.nodes[a.node]
+            return torch.zeros(tuple(int(x) for x in s["shape"]), dtype=getattr(torch, s["dtype"]))
+        if isinstance(a, (list, tuple)):
+            return type(a)(sub(x) for x in a)
+        return a
+    kwargs = {k: v for k, v in sub(dict(d["kwargs"])).items() if k not in ("device", "pin_memory", "layout")}
+    out = d["target"](*sub(tuple(d["args"])), **kwargs)
+    if not isinstance(out, torch.Tensor):
+        out = torch.tensor(out)
+    if out.numel() > (1 << 24):
+        raise CodegenError(f"a constant of {out.numel()} elements")
+    return out.detach().cpu()
+
+
+def lower_tensor_piece(L: Lowerer, m: Any, piece: Any) -> None:
+    """The tensor-path lowering of ``piece`` (see the module docstring)."""
+    TensorLowering.of(L).lower(m, piece)
+
+
+__all__ = ["TensorLowering", "lower_tensor_piece", "tensor_piece_refusal"]

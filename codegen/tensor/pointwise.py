@@ -1,0 +1,310 @@
+"""Elementwise ops on the tensor path: any arity, any broadcasting, any rank.
+
+Every operand is a strided view broadcast to the output's shape (stride 0 along broadcast dims), so one DMA per
+operand and tile loads exactly the elements that tile needs; the op is one or a few engine instructions on the
+tiles (Scalar-engine activations, Vector-engine ALU ops, predicated copies for ``where``), and one DMA writes the
+result. The engines compute in fp32 and round to the destination's type, as eager PyTorch does per op. Division
+is a reciprocal and a multiply (the ALU has no divide): within an ulp of eager's quotient.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..emitters import Context
+from ..errors import CodegenError
+from .instruction import TensorOp, kernel_dtype, register_emitter, tile_alloc, tile_bytes
+from .tiles import Code, Tile, plan, walk
+from .view import TRef, broadcast_to
+
+#: ATen unary op -> the Scalar engine's activation function (nl.<name>)
+ACTIVATIONS = {
+    "aten.exp.default": "exp", "aten.log.default": "log", "aten.sqrt.default": "sqrt", "aten.rsqrt.default": "rsqrt",
+    "aten.sigmoid.default": "sigmoid", "aten.tanh.default": "tanh", "aten.silu.default": "silu",
+    "aten.relu.default": "relu", "aten.abs.default": "abs", "aten.erf.default": "erf", "aten.sign.default": "sign",
+    "aten.mish.default": "mish", "aten.square.default": "square", "aten.softplus.default": "softplus",
+}
+#: ATen binary op -> ALU op (nl.<name>); ``div`` is handled apart (reciprocal, multiply)
+ALU = {
+    "add": "add", "sub": "subtract", "mul": "multiply", "maximum": "maximum", "minimum": "minimum",
+    "eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal",
+    "logical_and": "logical_and", "logical_or": "logical_or", "bitwise_and": "logical_and",
+    "bitwise_or": "logical_or", "pow": "power",
+}
+_POW_ACT = {2: "square", 0.5: "sqrt", -0.5: "rsqrt"}
+
+
+class Body:
+    """What one tile of an elementwise op does: load the operands, compute into ``out``, store. Subclasses of
+    nothing: each op gives a ``compute(code, out, tiles, ins)`` callable."""
+
+    def __init__(self, ins: TensorOp, ctx: Context, code: Code, operands: list[TRef],
+                 compute: Callable[[Code, str, list[str], Tile], None]) -> None:
+        self.ins, self.ctx, self.code, self.operands, self.compute = ins, ctx, code, operands, compute
+        self.name = ins.name_stem()
+        self.scratch = 0
+
+    def __call__(self, tile: Tile) -> None:
+        code, out = self.code, self.ins.outs[0]
+        shape = tile.shape()
+        tiles = []
+        for k, ref in enumerate(self.operands):
+            t = tile_alloc(code, shape, ref.dtype, self.name, f"in{k}_")
+            code(f"nisa.dma_copy(dst={t}, src={tile.ap(self.ctx.var(ref.value), ref)}, name=\"{self.name}.load\")")
+            tiles.append(t)
+        o = tile_alloc(code, shape, out.dtype, self.name, "out")
+        self.compute(code, o, tiles, tile)
+        code(f"nisa.dma_copy(dst={tile.ap(self.ctx.var(out.value), out)}, src={o}, name=\"{self.name}.store\")")
+        self.scratch = max(self.scratch, sum(tile_bytes(shape, r.dtype) for r in self.operands)
+                           + tile_bytes(shape, out.dtype) * 4)
+
+
+def elementwise(ins: TensorOp, ctx: Context, code: Code, operands: list[TRef],
+                compute: Callable[[Code, str, list[str], Tile], None]) -> int:
+    """Emit ``compute`` over the output's iteration space; returns the SBUF scratch per partition."""
+    out = ins.outs[0]
+    refs = [broadcast_to(r, out.shape) for r in operands]
+    body = Body(ins, ctx, code, refs, compute)
+    walk(code, plan(out.shape), body)
+    return body.scratch
+
+
+def _label(ins: TensorOp) -> str:
+    return ins.name_stem()
+
+
+def _scalar(x: Any) -> str:
+    if isinstance(x, bool):
+        return "1.0" if x else "0.0"
+    return repr(float(x))
+
+
+@register_emitter(*ACTIVATIONS)
+def _activation(ins: TensorOp, ctx: Context, code: Code) -> int:
+    fn = ACTIVATIONS[ins.op]
+    if ins.op == "aten.softplus.default" and (ins.args[1:] not in ((), (1,), (1, 20), (1.0, 20.0))):
+        raise CodegenError(f"softplus with beta/threshold {ins.args[1:]}")
+
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        code(f"nisa.activation(dst={o}, op=nl.{fn}, data={t[0]}, name=\"{_label(ins)}\")")
+    return elementwise(ins, ctx, code, [ins.args[0]], compute)
+
+
+@register_emitter("aten.gelu.default")
+def _gelu(ins: TensorOp, ctx: Context, code: Code) -> int:
+    fn = "gelu_apprx_tanh" if ins.kwargs.get("approximate", "none") == "tanh" else "gelu"
+
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        code(f"nisa.activation(dst={o}, op=nl.{fn}, data={t[0]}, name=\"{_label(ins)}\")")
+    return elementwise(ins, ctx, code, [ins.args[0]], compute)
+
+
+def _scalar_op(ins: TensorOp, ctx: Context, code: Code, x: TRef, op0: str, operand0: Any, reverse: bool = False,
+               op1: str | None = None, operand1: Any = None) -> int:
+    extra = f", op1=nl.{op1}, operand1={_scalar(operand1)}" if op1 else ""
+    rev = ", reverse0=True" if reverse else ""
+
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        code(f"nisa.tensor_scalar(dst={o}, data={t[0]}, op0=nl.{op0}, operand0={_scalar(operand0)}{rev}{extra}, "
+             f"name=\"{_label(ins)}\")")
+    return elementwise(ins, ctx, code, [x], compute)
+
+
+@register_emitter("aten.neg.default")
+def _neg(ins: TensorOp, ctx: Context, code: Code) -> int:
+    return _scalar_op(ins, ctx, code, ins.args[0], "multiply", -1.0)
+
+
+@register_emitter("aten.reciprocal.default")
+def _reciprocal(ins: TensorOp, ctx: Context, code: Code) -> int:
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        code(f"nisa.reciprocal(dst={o}, data={t[0]}, name=\"{_label(ins)}\")")
+    return elementwise(ins, ctx, code, [ins.args[0]], compute)
+
+
+@register_emitter("aten.logical_not.default", "aten.bitwise_not.default")
+def _logical_not(ins: TensorOp, ctx: Context, code: Code) -> int:
+    if ins.op == "aten.bitwise_not.default" and ins.args[0].dtype != torch.bool:
+        raise CodegenError("bitwise_not of a non-boolean value")
+    return _scalar_op(ins, ctx, code, ins.args[0], "equal", 0.0)
+
+
+@register_emitter("aten.pow.Tensor_Scalar")
+def _pow(ins: TensorOp, ctx: Context, code: Code) -> int:
+    x, e = ins.args[0], ins.args[1]
+    if e in _POW_ACT:
+        fn = _POW_ACT[e]
+
+        def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+            code(f"nisa.activation(dst={o}, op=nl.{fn}, data={t[0]}, name=\"{_label(ins)}\")")
+        return elementwise(ins, ctx, code, [x], compute)
+    if e == -1:
+        def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+            code(f"nisa.reciprocal(dst={o}, data={t[0]}, name=\"{_label(ins)}\")")
+        return elementwise(ins, ctx, code, [x], compute)
+    if e == 1:
+        return _scalar_op(ins, ctx, code, x, "multiply", 1.0)
+    return _scalar_op(ins, ctx, code, x, "power", e)
+
+
+@register_emitter("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default")
+def _clamp(ins: TensorOp, ctx: Context, code: Code) -> int:
+    x = ins.args[0]
+    lo = ins.args[1] if len(ins.args) > 1 else ins.kwargs.get("min")
+    hi = ins.args[2] if len(ins.args) > 2 else ins.kwargs.get("max")
+    if ins.op == "aten.clamp_max.default":
+        lo, hi = None, ins.args[1]
+    if lo is not None and hi is not None:
+        return _scalar_op(ins, ctx, code, x, "maximum", lo, op1="minimum", operand1=hi)
+    if lo is not None:
+        return _scalar_op(ins, ctx, code, x, "maximum", lo)
+    if hi is not None:
+        return _scalar_op(ins, ctx, code, x, "minimum", hi)
+    return _scalar_op(ins, ctx, code, x, "multiply", 1.0)
+
+
+def _binary_name(op: str) -> str:
+    return op.split(".")[1]
+
+
+@register_emitter(*(f"aten.{n}.{form}" for n in ("add", "sub", "mul", "eq", "ne", "lt", "le", "gt", "ge")
+                    for form in ("Tensor", "Scalar")),
+                  "aten.maximum.default", "aten.minimum.default", "aten.logical_and.default",
+                  "aten.logical_or.default", "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor",
+                  "aten.pow.Tensor_Tensor", "aten.rsub.Scalar", "aten.rsub.Tensor")
+def _binary(ins: TensorOp, ctx: Context, code: Code) -> int:
+    name = _binary_name(ins.op)
+    reverse = name == "rsub"
+    alu = ALU["sub" if reverse else name]
+    a, b = ins.args[0], ins.args[1]
+    alpha = ins.kwargs.get("alpha", ins.args[2] if len(ins.args) > 2 else 1)
+    if name in ("bitwise_and", "bitwise_or") and not (a.dtype == torch.bool and getattr(b, "dtype", None) == torch.bool):
+        raise CodegenError(f"{ins.op} of non-boolean values")
+    if not isinstance(b, TRef):  # x <op> scalar
+        if alpha != 1:
+            b = b * alpha
+        return _scalar_op(ins, ctx, code, a, alu, b, reverse=reverse)
+    if not isinstance(a, TRef):
+        raise CodegenError(f"{ins.op} with a scalar first operand")
+    if alpha != 1:
+        def scaled(code: Code, o: str, t: list[str], tile: Tile) -> None:
+            tmp = tile_alloc(code, tile.shape(), torch.float32, _label(ins), "alpha")
+            code(f"nisa.tensor_scalar(dst={tmp}, data={t[1]}, op0=nl.multiply, operand0={_scalar(alpha)}, "
+                 f"name=\"{_label(ins)}.alpha\")")
+            first, second = (tmp, t[0]) if reverse else (t[0], tmp)
+            code(f"nisa.tensor_tensor(dst={o}, data1={first}, data2={second}, op=nl.{alu}, name=\"{_label(ins)}\")")
+        return elementwise(ins, ctx, code, [a, b], scaled)
+
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        first, second = (t[1], t[0]) if reverse else (t[0], t[1])
+        code(f"nisa.tensor_tensor(dst={o}, data1={first}, data2={second}, op=nl.{alu}, name=\"{_label(ins)}\")")
+    return elementwise(ins, ctx, code, [a, b], compute)
+
+
+@register_emitter("aten.div.Tensor", "aten.div.Scalar")
+def _div(ins: TensorOp, ctx: Context, code: Code) -> int:
+    a, b = ins.args[0], ins.args[1]
+    if not isinstance(b, TRef):
+        return _scalar_op(ins, ctx, code, a, "multiply", 1.0 / float(b))
+
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        r = tile_alloc(code, tile.shape(), torch.float32, _label(ins), "recip")
+        code(f"nisa.reciprocal(dst={r}, data={t[1]}, name=\"{_label(ins)}.recip\")")
+        code(f"nisa.tensor_tensor(dst={o}, data1={t[0]}, data2={r}, op=nl.multiply, name=\"{_label(ins)}\")")
+    return elementwise(ins, ctx, code, [a, b], compute)
+
+
+@register_emitter("aten.where.self")
+def _where(ins: TensorOp, ctx: Context, code: Code) -> int:
+    cond, a, b = ins.args[0], ins.args[1], ins.args[2]
+    refs = [r for r in (cond, a, b) if isinstance(r, TRef)]
+    out_dt = kernel_dtype(ins.outs[0].dtype)
+
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        tiles = dict(zip([id(r) for r in refs], t))
+        c = _as_predicate(code, ins, tiles[id(cond)], cond, tile)
+        code(_fill(o, b, tiles, ins, out_dt, tile, code))
+        src = _src(a, tiles, ins, out_dt, tile, code)
+        code(f"nisa.tensor_copy_predicated(dst={o}, src={src}, predicate={c}, name=\"{_label(ins)}\")")
+    return elementwise(ins, ctx, code, refs, compute)
+
+
+@register_emitter("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(ins: TensorOp, ctx: Context, code: Code) -> int:
+    x, mask, value = ins.args[0], ins.args[1], ins.args[2]
+    refs = [r for r in (x, mask, value) if isinstance(r, TRef)]
+    out_dt = kernel_dtype(ins.outs[0].dtype)
+
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        tiles = dict(zip([id(r) for r in refs], t))
+        c = _as_predicate(code, ins, tiles[id(mask)], mask, tile)
+        code(_fill(o, x, tiles, ins, out_dt, tile, code))
+        src = _src(value, tiles, ins, out_dt, tile, code)
+        code(f"nisa.tensor_copy_predicated(dst={o}, src={src}, predicate={c}, name=\"{_label(ins)}\")")
+    return elementwise(ins, ctx, code, refs, compute)
+
+
+def _as_predicate(code: Code, ins: TensorOp, t: str, ref: TRef, tile: Tile) -> str:
+    """A uint8 0/1 tile of a condition (bool values are uint8 already)."""
+    if kernel_dtype(ref.dtype) == torch.uint8:
+        return t
+    p = tile_alloc(code, tile.shape(), torch.uint8, _label(ins), "pred")
+    code(f"nisa.tensor_scalar(dst={p}, data={t}, op0=nl.not_equal, operand0=0.0, name=\"{_label(ins)}.pred\")")
+    return p
+
+
+def _src(x: Any, tiles: dict, ins: TensorOp, out_dt: torch.dtype, tile: Tile, code: Code) -> str:
+    """A tile (of the output's dtype) or a scalar literal of ``x``."""
+    if not isinstance(x, TRef):
+        return _scalar(x) if out_dt.is_floating_point else str(int(x))
+    t = tiles[id(x)]
+    if kernel_dtype(x.dtype) == out_dt:
+        return t
+    c = tile_alloc(code, tile.shape(), out_dt, _label(ins), "cast")
+    code(f"nisa.tensor_copy(dst={c}, src={t}, name=\"{_label(ins)}.cast\")")
+    return c
+
+
+def _fill(o: str, x: Any, tiles: dict, ins: TensorOp, out_dt: torch.dtype, tile: Tile, code: Code) -> str:
+    if not isinstance(x, TRef):
+        v = _scalar(x) if out_dt.is_floating_point else str(int(x))
+        return f"nisa.memset(dst={o}, value={v}, name=\"{_label(ins)}.fill\")"
+    return f"nisa.tensor_copy(dst={o}, src={_src(x, tiles, ins, out_dt, tile, code)}, name=\"{_label(ins)}.fill\")"
+
+
+@register_emitter("aten._to_copy.default")
+def _to_copy(ins: TensorOp, ctx: Context, code: Code) -> int:
+    x = ins.args[0]
+    out_dt = kernel_dtype(ins.outs[0].dtype)
+    if ins.outs[0].dtype == torch.bool:
+        return _scalar_op(ins, ctx, code, x, "not_equal", 0.0)
+    if x.dtype.is_floating_point and not out_dt.is_floating_point:
+        return _truncate(ins, ctx, code, x)
+
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        code(f"nisa.tensor_copy(dst={o}, src={t[0]}, name=\"{_label(ins)}\")")
+    return elementwise(ins, ctx, code, [x], compute)
+
+
+def _truncate(ins: TensorOp, ctx: Context, code: Code, x: TRef) -> int:
+    """float -> integer as PyTorch casts: toward zero (the engines' conversion rounds to nearest even), as
+    ``sign(x) * (r - (r > |x|))`` with ``r`` = |x| rounded."""
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        lab = _label(ins)
+        a, r, rf, s = (tile_alloc(code, tile.shape(), dt, lab, w) for dt, w in
+                       ((torch.float32, "abs"), (torch.int32, "rint"), (torch.float32, "rintf"),
+                        (torch.float32, "sign")))
+        code(f"nisa.activation(dst={a}, op=nl.abs, data={t[0]}, name=\"{lab}.abs\")")
+        code(f"nisa.tensor_copy(dst={r}, src={a}, name=\"{lab}.rint\")")
+        code(f"nisa.tensor_copy(dst={rf}, src={r}, name=\"{lab}.rintf\")")
+        over = tile_alloc(code, tile.shape(), torch.float32, lab, "over")
+        code(f"nisa.tensor_tensor(dst={over}, data1={rf}, data2={a}, op=nl.greater, name=\"{lab}.over\")")
+        code(f"nisa.tensor_tensor(dst={rf}, data1={rf}, data2={over}, op=nl.subtract, name=\"{lab}.floor\")")
+        code(f"nisa.activation(dst={s}, op=nl.sign, data={t[0]}, name=\"{lab}.sign\")")
+        code(f"nisa.tensor_tensor(dst={o}, data1={rf}, data2={s}, op=nl.multiply, name=\"{lab}\")")
+    return elementwise(ins, ctx, code, [x], compute)
+
+
+__all__ = ["ACTIVATIONS", "ALU", "elementwise"]
+

@@ -1,0 +1,143 @@
+"""Which ATen ops the *tensor path* of generic lowering computes: any shape, not only per-token vectors.
+
+The SBUF-resident elementwise path (:mod:`.generic_ops`) takes per-token elementwise chains and feature reductions
+on the hidden state's own layout; it is fast, and narrow. The tensor path takes what a decoder step holds beyond
+that (router arithmetic over experts, convolution and SSM states, scores of an attention variant no pattern
+knows, values that are per-sequence or constant): every value is a strided view of a buffer in the kernel's HBM
+scratch, and every op reads its operands into SBUF tiles through DMA access patterns, computes on the engines,
+and writes its result back. Correct for any shape; each op costs its DMAs, which the cost model prices and the
+report shows, so the next pattern worth writing is the most expensive generic piece.
+
+Matching owns this table because region formation needs it (an op the tensor path computes joins a region like a
+match, so a decoder with an op no pattern knows still runs as one kernel) and matching never imports codegen;
+codegen's tensor lowering (``fusegraph.codegen.tensor``) registers one emitter per op named here, and a test
+checks that the two agree.
+
+Categories: ``view`` (no data moves: a new view of the same buffer), ``pointwise`` (elementwise with
+broadcasting), ``reduce`` (over any dims), ``matmul`` (any two operands), ``conv`` (1-D convolutions), ``move`` (data movement: concatenation,
+padding, copies, writes of state), ``const`` (tensors whose value is known when the kernel is built).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import networkx as nx
+
+VIEW = {
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.unsqueeze.default",
+    "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.alias.default", "aten.expand.default",
+    "aten.permute.default", "aten.transpose.int", "aten.t.default", "aten.slice.Tensor", "aten.select.int",
+    "aten.narrow.default", "aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int", "getitem",
+    "aten.unfold.default", "aten.detach.default", "aten.lift_fresh_copy.default", "aten.clone.default",
+    "aten.contiguous.default",
+}
+POINTWISE = {
+    # unary
+    "aten.neg.default", "aten.abs.default", "aten.exp.default", "aten.log.default", "aten.sqrt.default",
+    "aten.rsqrt.default", "aten.reciprocal.default", "aten.sigmoid.default", "aten.tanh.default", "aten.silu.default",
+    "aten.gelu.default", "aten.relu.default", "aten.softplus.default", "aten.sign.default", "aten.erf.default",
+    "aten.square.default", "aten.mish.default", "aten.logical_not.default", "aten.bitwise_not.default",
+    "aten._to_copy.default", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
+    "aten.pow.Tensor_Scalar", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor",
+    # binary (Tensor and Scalar forms) and comparisons
+    "aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar", "aten.rsub.Scalar",
+    "aten.rsub.Tensor", "aten.mul.Tensor", "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar",
+    "aten.maximum.default", "aten.minimum.default", "aten.pow.Tensor_Tensor", "aten.eq.Tensor", "aten.eq.Scalar",
+    "aten.ne.Tensor", "aten.ne.Scalar", "aten.lt.Tensor", "aten.lt.Scalar", "aten.le.Tensor", "aten.le.Scalar",
+    "aten.gt.Tensor", "aten.gt.Scalar", "aten.ge.Tensor", "aten.ge.Scalar", "aten.logical_and.default",
+    "aten.logical_or.default", "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor",
+    # ternary
+    "aten.where.self",
+}
+REDUCE = {
+    "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.amax.default",
+    "aten.amin.default", "aten.max.default", "aten.min.default", "aten._softmax.default",
+    "aten._log_softmax.default", "aten.logsumexp.default",
+}
+MATMUL = {"aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default"}
+MOVE = {
+    "aten.cat.default", "aten.copy_.default", "aten.copy.default", "aten.constant_pad_nd.default",
+    "aten.slice_scatter.default", "aten.select_scatter.default", "aten.roll.default", "aten.stack.default",
+    "aten.repeat.default", "aten.fill.Scalar", "aten.zeros_like.default", "aten.ones_like.default",
+    "aten.full_like.default",
+}
+CONST = {
+    "aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.arange.default", "aten.arange.start",
+    "aten.arange.start_step", "aten.scalar_tensor.default", "aten.empty.memory_format", "aten.new_zeros.default",
+    "aten.new_ones.default", "aten.new_full.default", "get_attr", "aten.eye.default",
+}
+
+CONV = {"aten.convolution.default"}
+
+CATEGORY: dict[str, str] = {
+    **{op: "view" for op in VIEW}, **{op: "conv" for op in CONV}, **{op: "pointwise" for op in POINTWISE}, **{op: "reduce" for op in REDUCE},
+    **{op: "matmul" for op in MATMUL}, **{op: "move" for op in MOVE}, **{op: "const" for op in CONST},
+}
+
+#: element types the tensor path computes in (int64 indices are int32 in the kernel: NKI has no 64-bit integers)
+DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "bool", "int8", "uint8", "int16")
+#: the largest tensor the tensor path takes (elements): bigger values are weights or caches, which no generic op
+#: rewrites whole in a decode step; a generic op over one would be a prefill or a bug worth a refusal
+MAX_ELEMENTS = 1 << 26
+
+
+def _numel(shape: Any) -> int:
+    return math.prod(int(s) for s in shape)
+
+
+def _shapes(d: dict) -> list[Any]:
+    shape = d.get("shape")
+    if shape is None:
+        return []
+    if isinstance(shape, tuple) and shape and isinstance(shape[0], (tuple, list)):
+        return list(shape)
+    return [shape]
+
+
+def _dtypes(d: dict) -> list[Any]:
+    dt = d.get("dtype")
+    return list(dt) if isinstance(dt, (tuple, list)) else [dt]
+
+
+def tensor_reason(G: nx.DiGraph, node: str) -> str | None:
+    """Why the tensor path cannot compute this op (None: it can). Checks the op is in the table, its shapes are
+    static and its element types are ones the kernel computes in; what an op's emitter further requires (a
+    matmul's operand ranks, a reduction's dims) is checked when it is lowered, naming the op."""
+    d = G.nodes[node]
+    op = d.get("op")
+    if d.get("kind") != "op":
+        return f"{node} is not an op"
+    if op not in CATEGORY:
+        return f"{op} is not an op generic lowering computes"
+    if d.get("writes_state") and op != "aten.copy_.default":
+        return f"{op} writes state in place"
+    for shape in _shapes(d):
+        if shape is None or any(not isinstance(s, int) for s in shape):
+            return f"{op} with a dynamic shape {shape}"
+        if _numel(shape) > MAX_ELEMENTS:
+            return f"{op} of {_numel(shape)} elements"
+    for dt in _dtypes(d):
+        if dt is not None and dt not in DTYPES:
+            return f"{op} in {dt}"
+    if op in CONV:
+        args = list(d.get("args", ()))
+        src = G.nodes[args[0].node].get("shape") if hasattr(args[0], "node") else None
+        if len(args) < 9 or args[6] or src is None or len(src) != 3:
+            return f"{op}: only 1-D, non-transposed convolutions"
+    for ref in [a for a in _flat(d.get("args", ())) if hasattr(a, "node")]:
+        src = G.nodes[ref.node]
+        for dt in _dtypes(src):
+            if dt is not None and dt not in DTYPES:
+                return f"{op} reads a {dt} value"
+    return None
+
+
+def _flat(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        return [y for e in x for y in _flat(e)]
+    return [x]
+
+
+__all__ = ["CATEGORY", "CONST", "CONV", "DTYPES", "MATMUL", "MAX_ELEMENTS", "MOVE", "POINTWISE", "REDUCE", "VIEW",
+           "tensor_reason"]

@@ -247,87 +247,122 @@ def _input_source(G: nx.DiGraph, n: str) -> str | None:
 def canonicalize(program: Program) -> CanonicalView:
     """Build the canonical view of ``program`` (the program itself is not modified)."""
     G = program.graph
-    D = nx.DiGraph()
-    cv = CanonicalView(program=program, data=D)
-    rep = cv.rep
-    order = program.topo_order()
-
-    for n in order:
+    cv = CanonicalView(program=program, data=nx.DiGraph())
+    for n in program.topo_order():
         d = G.nodes[n]
-        kind = d["kind"]
-        if kind == "input":
-            src = _input_source(G, n)
-            if src is not None and src in rep:
-                rep[n] = rep[src]
-                cv.folded[n] = rep[src]
-                continue
-            rep[n] = n
-            D.add_node(n, kind="input", op=None, dtype=d.get("dtype"), shape=d.get("shape"), graph=d["graph"],
-                       order=d["order"], input_kind=d.get("input_kind"), module=d.get("module"), layer=d.get("layer"),
-                       source=d.get("source"), consts={}, positions=())
-            continue
-        if kind == "output":
-            rep[n] = n
-            D.add_node(n, kind="output", op=None, dtype=None, shape=None, graph=d["graph"], order=d["order"],
-                       module=None, layer=None, consts={}, positions=())
-            for p, e in G.pred[n].items():
-                if not e.get("hazard") and p in rep:
-                    _add_edge(D, rep[p], n, "out")
-            continue
-        op = d["op"]
-        items = list(const_items(d.get("args", ()), d.get("kwargs", {}), op))
-        refs = [(path, v.node) for path, v, is_ref in items if is_ref and v.node in rep]
-        copied = _copied_value(op, d, refs, G)
-        if copied is not None:
-            rep[n] = rep[copied]
-            cv.folded[n] = rep[copied]
-            continue
-        if refs and not d.get("writes_state") and _is_identity(op, d, G.nodes[refs[0][1]]):
-            rep[n] = rep[refs[0][1]]
-            cv.folded[n] = rep[refs[0][1]]
-            continue
-        only = _sole_nonempty_operand(op, d, refs, G)
-        if only is not None:
-            rep[n] = rep[only]
-            cv.folded[n] = rep[only]
-            continue
-        canon_op = VIEW if op in RESHAPE_OPS else op
-        consts = {p: _freeze(v) for p, v, is_ref in items if not is_ref}
-        commutative = op in COMMUTATIVE
-        labels: list[tuple[str, str]] = []
-        for path, src in refs:
-            label = "c" if commutative and path in ("a0", "a1") else path
-            labels.append((label, rep[src]))
-        if commutative:
-            consts = {("c" if p in ("a0", "a1") else p): v for p, v in consts.items()}
-        if canon_op == VIEW:
-            consts = {}  # a reshape is defined by its output shape (guarded by shapes, not constants)
-        in_rank = _rank(D.nodes[labels[0][1]].get("shape")) if labels and labels[0][1] in D else None
-        consts = normalize_consts(op, consts, in_rank, _rank(d.get("shape")))
-        rep[n] = n
-        D.add_node(n, kind="op", op=canon_op, orig_op=op, dtype=d.get("dtype"), shape=d.get("shape"),
-                   graph=d["graph"], order=d["order"], module=d.get("module"), layer=d.get("layer"),
-                   consts=consts, positions=tuple(sorted(lb for lb, _ in labels)),
-                   writes_state=d.get("writes_state"), args=d.get("args", ()), arg_srcs=tuple(labels))
-        cv.covers[n] = (n,)
-        for label, src in labels:
-            _add_edge(D, src, n, label)
+        if d["kind"] == "input":
+            _add_input(cv, n, d)
+        elif d["kind"] == "output":
+            _add_output(cv, n, d)
+        else:
+            _add_op(cv, n, d)
+    _add_hazard_edges(cv)
+    _collapse_view_chains(cv)
+    _folded_consumers(cv)
+    _index_ops(cv)
+    return cv
 
-    # hazard edges (a reader of a state value ordered before its in-place write) where no data edge exists
-    for u, v, e in G.edges(data=True):
+
+def _add_input(cv: CanonicalView, n: str, d: dict[str, Any]) -> None:
+    """A graph input: folded into its producer when a glue-free link from an earlier graph feeds it (the same
+    tensor crossing a graph break), else a canonical input node."""
+    src = _input_source(cv.program.graph, n)
+    if src is not None and src in cv.rep:
+        cv.rep[n] = cv.rep[src]
+        cv.folded[n] = cv.rep[src]
+        return
+    cv.rep[n] = n
+    cv.data.add_node(n, kind="input", op=None, dtype=d.get("dtype"), shape=d.get("shape"), graph=d["graph"],
+                     order=d["order"], input_kind=d.get("input_kind"), module=d.get("module"), layer=d.get("layer"),
+                     source=d.get("source"), consts={}, positions=())
+
+
+def _add_output(cv: CanonicalView, n: str, d: dict[str, Any]) -> None:
+    """A graph output, fed (position ``out``) by the canonical nodes of its non-hazard predecessors."""
+    cv.rep[n] = n
+    cv.data.add_node(n, kind="output", op=None, dtype=None, shape=None, graph=d["graph"], order=d["order"],
+                     module=None, layer=None, consts={}, positions=())
+    for p, e in cv.program.graph.pred[n].items():
+        if not e.get("hazard") and p in cv.rep:
+            _add_edge(cv.data, cv.rep[p], n, "out")
+
+
+def _add_op(cv: CanonicalView, n: str, d: dict[str, Any]) -> None:
+    """An op: folded into the value it is identical to, or a canonical op node with normalized constants and
+    edges from its operands' canonical nodes."""
+    rep, D = cv.rep, cv.data
+    op = d["op"]
+    items = list(const_items(d.get("args", ()), d.get("kwargs", {}), op))
+    refs = [(path, v.node) for path, v, is_ref in items if is_ref and v.node in rep]
+    same = _value_source(op, d, refs, cv.program.graph)
+    if same is not None:
+        rep[n] = rep[same]
+        cv.folded[n] = rep[same]
+        return
+    canon_op, consts, labels = _canonical_operands(op, d, items, refs, cv)
+    rep[n] = n
+    D.add_node(n, kind="op", op=canon_op, orig_op=op, dtype=d.get("dtype"), shape=d.get("shape"),
+               graph=d["graph"], order=d["order"], module=d.get("module"), layer=d.get("layer"),
+               consts=consts, positions=tuple(sorted(lb for lb, _ in labels)),
+               writes_state=d.get("writes_state"), args=d.get("args", ()), arg_srcs=tuple(labels))
+    cv.covers[n] = (n,)
+    for label, src in labels:
+        _add_edge(D, src, n, label)
+
+
+def _value_source(op: str, d: dict[str, Any], refs: list[tuple[str, str]], G: nx.DiGraph) -> str | None:
+    """The operand a value-identity op is the same value as, in the order the folds are tried: a functional
+    copy of a same-shaped source, an identity op (never one that writes state), the one non-empty operand; None
+    for an op that computes something."""
+    copied = _copied_value(op, d, refs, G)
+    if copied is not None:
+        return copied
+    if refs and not d.get("writes_state") and _is_identity(op, d, G.nodes[refs[0][1]]):
+        return refs[0][1]
+    return _sole_nonempty_operand(op, d, refs, G)
+
+
+def _canonical_operands(op: str, d: dict[str, Any], items: list[tuple[str, Any, bool]], refs: list[tuple[str, str]],
+                        cv: CanonicalView) -> tuple[str, dict[str, Any], list[tuple[str, str]]]:
+    """An op's canonical name, constants and (position label, canonical source) operands: reshape-likes become
+    ``view`` without constants, a commutative op's two operand positions become one label ``c``, and constants
+    are normalized against the operand's and result's ranks."""
+    canon_op = VIEW if op in RESHAPE_OPS else op
+    consts = {p: _freeze(v) for p, v, is_ref in items if not is_ref}
+    commutative = op in COMMUTATIVE
+    labels: list[tuple[str, str]] = []
+    for path, src in refs:
+        label = "c" if commutative and path in ("a0", "a1") else path
+        labels.append((label, cv.rep[src]))
+    if commutative:
+        consts = {("c" if p in ("a0", "a1") else p): v for p, v in consts.items()}
+    if canon_op == VIEW:
+        consts = {}  # a reshape is defined by its output shape (guarded by shapes, not constants)
+    D = cv.data
+    in_rank = _rank(D.nodes[labels[0][1]].get("shape")) if labels and labels[0][1] in D else None
+    consts = normalize_consts(op, consts, in_rank, _rank(d.get("shape")))
+    return canon_op, consts, labels
+
+
+def _add_hazard_edges(cv: CanonicalView) -> None:
+    """Hazard edges (a reader of a state value ordered before its in-place write) between canonical nodes where
+    no data edge already orders them."""
+    rep, D = cv.rep, cv.data
+    for u, v, e in cv.program.graph.edges(data=True):
         if e.get("hazard") and u in rep and v in rep:
             a, b = rep[u], rep[v]
             if a != b and a in D and b in D and not D.has_edge(a, b):
                 D.add_edge(a, b, pos=HAZARD)
 
-    _collapse_view_chains(cv)
-    _folded_consumers(cv)
+
+def _index_ops(cv: CanonicalView) -> None:
+    """The op nodes in program order and by canonical op: what the matcher iterates and pre-filters by."""
+    D = cv.data
     cv.op_nodes = sorted((n for n, d in D.nodes(data=True) if d["kind"] == "op"), key=lambda n: D.nodes[n]["order"])
     by_op: dict[str, list[str]] = {}
     for n in cv.op_nodes:
         by_op.setdefault(D.nodes[n]["op"], []).append(n)
     cv.by_op = by_op
-    return cv
 
 
 def _add_edge(D: nx.DiGraph, u: str, v: str, label: str) -> None:

@@ -128,81 +128,13 @@ def add_graph(
     break_reason: str | None = None,
 ) -> CapturedGraph:
     """Add one ATen graph to ``program``; state writes become in-place ops (see :mod:`.state`)."""
-    G = program.graph
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if dynamo_inputs is not None and len(dynamo_inputs) != len(placeholders):
-        log.debug("graph %d: %d dynamo inputs for %d ATen placeholders", graph_index, len(dynamo_inputs), len(placeholders))
-        dynamo_inputs = None
-    inputs: list[ProgramInput] = []
-    outputs: list = []
-    root = outermost_module(gm)
-    shards = gm.meta.get("fusegraph_local_shards")  # DTensor inputs lowered over their local shard
-    shard_inputs = shards.inputs if shards is not None else {}
+    builder = _GraphBuilder(program, gm, graph_index, _aligned_inputs(gm, graph_index, dynamo_inputs))
     for pos, n in enumerate(gm.graph.nodes):
-        nid = node_id(graph_index, n.name)
-        shape, dtype = value_meta(n.meta.get("val"))
-        if n.op == "placeholder":
-            src = dynamo_inputs[len(inputs)] if dynamo_inputs is not None else None
-            kind = classify_input(src, n.meta.get("val"))
-            info = parse_source(src.source) if src else None
-            pin = ProgramInput(
-                node=nid,
-                position=len(inputs),
-                kind=kind,
-                source=src.source if src else n.name,
-                module=relative_path(info.path, root) if info else None,
-                shape=shape,
-                dtype=dtype,
-                sharding=shard_inputs[len(inputs)].sharding if len(inputs) in shard_inputs else None,
-            )
-            inputs.append(pin)
-            G.add_node(
-                nid, kind="input", graph=graph_index, fx_pos=pos, shape=shape, dtype=dtype,
-                input_kind=kind, source=pin.source, module=pin.module, position=pin.position,
-                layer=layer_index(pin.module), frame_path=info.path if info else None,
-            )
-            if pin.sharding is not None:
-                G.nodes[nid]["sharding"] = pin.sharding
-            mesh = _device_mesh(n.meta.get("val"))
-            if mesh is not None:
-                G.nodes[nid]["device_mesh"] = mesh
-        elif n.op == "call_function":
-            args, c1 = _convert_arg(n.args, graph_index)
-            kwargs, c2 = _convert_arg(dict(n.kwargs), graph_index)
-            frame_path, mod_type = _module_of(n)
-            mod = relative_path(frame_path, root) if frame_path else None
-            G.add_node(
-                nid, kind="op", graph=graph_index, fx_pos=pos, shape=shape, dtype=dtype,
-                op=op_name(n.target), target=n.target, args=args, kwargs=kwargs, consts=tuple(c1 + c2),
-                module=mod or None, module_type=mod_type, layer=layer_index(mod), source_line=_last_stack_line(n),
-                name=n.name, frame_path=frame_path or "self",
-            )
-            for i, a in enumerate(n.all_input_nodes):
-                G.add_edge(node_id(graph_index, a.name), nid)
-            if is_functional_collective(n.target):
-                G.nodes[nid]["collective"] = _collective(n, graph_index)
-            elif is_wait(n.target) and n.args and isinstance(n.args[0], fx.Node):
-                src = node_id(graph_index, n.args[0].name)
-                G.nodes[nid]["collective_wait"] = src
-                c = G.nodes[src].get("collective")
-                if c is not None and c.wait is None:
-                    G.nodes[src]["collective"] = replace(c, wait=nid)
-        elif n.op == "output":
-            outs, _ = _convert_arg(n.args[0], graph_index)
-            flat = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-            outputs = flat
-            G.add_node(nid, kind="output", graph=graph_index, fx_pos=pos, shape=None, dtype=None, args=(flat,))
-            for a in n.all_input_nodes:
-                G.add_edge(node_id(graph_index, a.name), nid)
-        else:  # get_attr: a constant the step created (torch.tensor([1])...); an op that returns it
-            value = getattr(gm, n.target)
-            G.add_node(nid, kind="op", graph=graph_index, fx_pos=pos, shape=shape, dtype=dtype, op="get_attr",
-                       target=functools.partial(_constant, value), args=(), kwargs={}, consts=(), module=None,
-                       module_type=None, layer=None, source_line=None, name=n.name, frame_path="self")
+        builder.add(pos, n)
     captured = CapturedGraph(
         index=graph_index,
-        inputs=inputs,
-        outputs=outputs,
+        inputs=builder.inputs,
+        outputs=builder.outputs,
         state_writes={},
         dynamo_node_count=dynamo_node_count,
         aten_node_count=sum(1 for n in gm.graph.nodes if n.op == "call_function"),
@@ -214,6 +146,120 @@ def add_graph(
     program.graphs.append(captured)
     renumber(program)
     return captured
+
+
+def _aligned_inputs(gm: fx.GraphModule, graph_index: int,
+                    dynamo_inputs: Sequence[DynamoInput] | None) -> Sequence[DynamoInput] | None:
+    """``dynamo_inputs`` when they line up one to one with the ATen placeholders, else None (inputs are then
+    classified from their values alone rather than from the wrong dynamo source)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if dynamo_inputs is not None and len(dynamo_inputs) != len(placeholders):
+        log.debug("graph %d: %d dynamo inputs for %d ATen placeholders", graph_index, len(dynamo_inputs), len(placeholders))
+        return None
+    return dynamo_inputs
+
+
+class _GraphBuilder:
+    """Adds the nodes of one ATen graph to a program's graph, one FX node at a time, in FX order (edges point at
+    nodes already added); collects the graph's inputs and outputs for its :class:`CapturedGraph`."""
+
+    def __init__(self, program: Program, gm: fx.GraphModule, graph_index: int,
+                 dynamo_inputs: Sequence[DynamoInput] | None) -> None:
+        self.G = program.graph
+        self.gm = gm
+        self.graph_index = graph_index
+        self.dynamo_inputs = dynamo_inputs
+        self.root = outermost_module(gm)  # module paths are made relative to it
+        shards = gm.meta.get("fusegraph_local_shards")  # DTensor inputs lowered over their local shard
+        self.shard_inputs = shards.inputs if shards is not None else {}
+        self.inputs: list[ProgramInput] = []
+        self.outputs: list = []
+
+    def add(self, pos: int, n: fx.Node) -> None:
+        """Add FX node ``n`` (at position ``pos`` in its graph) by its kind."""
+        nid = node_id(self.graph_index, n.name)
+        shape, dtype = value_meta(n.meta.get("val"))
+        if n.op == "placeholder":
+            self.add_input(pos, n, nid, shape, dtype)
+        elif n.op == "call_function":
+            self.add_op(pos, n, nid, shape, dtype)
+        elif n.op == "output":
+            self.add_output(pos, n, nid)
+        else:  # get_attr: a constant the step created (torch.tensor([1])...); an op that returns it
+            value = getattr(self.gm, n.target)
+            self.G.add_node(nid, kind="op", graph=self.graph_index, fx_pos=pos, shape=shape, dtype=dtype,
+                            op="get_attr", target=functools.partial(_constant, value), args=(), kwargs={}, consts=(),
+                            module=None, module_type=None, layer=None, source_line=None, name=n.name,
+                            frame_path="self")
+
+    def add_input(self, pos: int, n: fx.Node, nid: str, shape: Any, dtype: Any) -> None:
+        """A placeholder: a :class:`ProgramInput` classified (weight, buffer, step, scalar) and placed in the model
+        by its dynamo source, with its tensor-parallel sharding and device mesh when it has them."""
+        G, position = self.G, len(self.inputs)
+        src = self.dynamo_inputs[position] if self.dynamo_inputs is not None else None
+        kind = classify_input(src, n.meta.get("val"))
+        info = parse_source(src.source) if src else None
+        pin = ProgramInput(
+            node=nid,
+            position=position,
+            kind=kind,
+            source=src.source if src else n.name,
+            module=relative_path(info.path, self.root) if info else None,
+            shape=shape,
+            dtype=dtype,
+            sharding=self.shard_inputs[position].sharding if position in self.shard_inputs else None,
+        )
+        self.inputs.append(pin)
+        G.add_node(
+            nid, kind="input", graph=self.graph_index, fx_pos=pos, shape=shape, dtype=dtype,
+            input_kind=kind, source=pin.source, module=pin.module, position=pin.position,
+            layer=layer_index(pin.module), frame_path=info.path if info else None,
+        )
+        if pin.sharding is not None:
+            G.nodes[nid]["sharding"] = pin.sharding
+        mesh = _device_mesh(n.meta.get("val"))
+        if mesh is not None:
+            G.nodes[nid]["device_mesh"] = mesh
+
+    def add_op(self, pos: int, n: fx.Node, nid: str, shape: Any, dtype: Any) -> None:
+        """An ATen call: its arguments with node references as :class:`Ref`, its constants, the module and layer
+        it ran in, an edge from each input node; collectives and their waits are linked."""
+        G, gi = self.G, self.graph_index
+        args, c1 = _convert_arg(n.args, gi)
+        kwargs, c2 = _convert_arg(dict(n.kwargs), gi)
+        frame_path, mod_type = _module_of(n)
+        mod = relative_path(frame_path, self.root) if frame_path else None
+        G.add_node(
+            nid, kind="op", graph=gi, fx_pos=pos, shape=shape, dtype=dtype,
+            op=op_name(n.target), target=n.target, args=args, kwargs=kwargs, consts=tuple(c1 + c2),
+            module=mod or None, module_type=mod_type, layer=layer_index(mod), source_line=_last_stack_line(n),
+            name=n.name, frame_path=frame_path or "self",
+        )
+        for a in n.all_input_nodes:
+            G.add_edge(node_id(gi, a.name), nid)
+        self.link_collective(n, nid)
+
+    def link_collective(self, n: fx.Node, nid: str) -> None:
+        """A functional collective records its :class:`Collective`; a wait records the collective it waits on, and
+        that collective its (first) wait, so collectives can be ordered and lowered with their waits."""
+        G = self.G
+        if is_functional_collective(n.target):
+            G.nodes[nid]["collective"] = _collective(n, self.graph_index)
+        elif is_wait(n.target) and n.args and isinstance(n.args[0], fx.Node):
+            src = node_id(self.graph_index, n.args[0].name)
+            G.nodes[nid]["collective_wait"] = src
+            c = G.nodes[src].get("collective")
+            if c is not None and c.wait is None:
+                G.nodes[src]["collective"] = replace(c, wait=nid)
+
+    def add_output(self, pos: int, n: fx.Node, nid: str) -> None:
+        """The output node: the graph's outputs (flattened :class:`Ref` list) and an edge from each producer."""
+        outs, _ = _convert_arg(n.args[0], self.graph_index)
+        flat = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        self.outputs = flat
+        self.G.add_node(nid, kind="output", graph=self.graph_index, fx_pos=pos, shape=None, dtype=None, args=(flat,))
+        for a in n.all_input_nodes:
+            self.G.add_edge(node_id(self.graph_index, a.name), nid)
 
 
 def _constant(value: Any) -> Any:

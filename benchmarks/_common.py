@@ -18,6 +18,37 @@ def run_isolated(module: str, func: str, *args: str, timeout: int = 1800) -> dic
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def run_isolated_partial(module: str, func: str, *args: str, timeout: int = 1800,
+                         partial_env: str = "BENCH_PARTIAL") -> dict[str, Any]:
+    """:func:`run_isolated` that never raises: the child may write its row so far (JSON) to the file named by
+    ``$partial_env`` as it goes; on a timeout or a failed process that row comes back with ``failure`` saying
+    what stopped it (``timeout after N s`` or ``crash: <last stderr line>``)."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="bench-partial-", suffix=".json")
+    os.close(fd)
+    env = {**os.environ, partial_env: path, "FUSEGRAPH_PROGRESS": "0"}
+    code = f"import json,sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import {module} as m; print(json.dumps(m.{func}(*sys.argv[1:])))"
+    failure = None
+    try:
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                           env=env)
+        if r.returncode == 0:
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        tail = [line for line in r.stderr.strip().splitlines() if line.strip()]
+        failure = f"crash: exit {r.returncode}: {tail[-1][:240] if tail else 'no stderr'}"
+    except subprocess.TimeoutExpired:
+        failure = f"timeout after {timeout} s"
+    finally:
+        try:
+            with open(path) as f:
+                partial = json.load(f) if os.path.getsize(path) else {}
+        except (OSError, ValueError):
+            partial = {}
+        os.unlink(path)
+    return {**partial, "failure": failure}
+
+
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
     widths = [max(len(title), *(len(_fmt(r.get(key))) for r in rows)) for key, title in columns]
     print("  ".join(t.ljust(w) for (_, t), w in zip(columns, widths)))
@@ -32,8 +63,10 @@ def _fmt(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def write_json(path: str, data: Any) -> None:
+def write_json(path: str, data: Any, quiet: bool = False) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump(data, f, indent=2)
-    print(f"wrote {path}")
+    os.replace(path + ".tmp", path)
+    if not quiet:
+        print(f"wrote {path}")

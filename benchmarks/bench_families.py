@@ -1,92 +1,316 @@
-"""How far fusegraph gets on HF decoder families beyond the bundled ones (tiny configs, random weights).
+"""How far fusegraph gets on every causal-LM family of the installed transformers (tiny configs, random weights).
 
-    python benchmarks/bench_families.py [--families Mistral,Phi3,...] [--steps 5] [--tied both|tied|untied]
-        [--out bench-results/families.json]
+    python benchmarks/bench_families.py [--families Mistral,Phi3,...] [--steps 6] [--tied both|tied|untied]
+        [--timeout 300] [--jobs 1] [--out bench-results/families.json]
+    python benchmarks/bench_families.py --summarize bench-results/families.json   # table + summary of a run
 
-Per family: greedy tokens equal to eager, worst logit error relative to the logit scale, kernel launches in the
-latest step, the report's coverage (of what ran in kernels; a refused graph's ops count as uncovered), the
-number of refused graphs, which executors ran its regions, how many versions of the step dynamo compiled, and the fusegraph
-warnings (each names why a region stayed on the eager path). Each family runs in a fresh process, with untied
-and with tied embeddings (``tie_word_embeddings``: the default of many small real models) unless ``--tied`` says.
+The families are not a chosen list: :func:`fusegraph.models.families.discover` lists every class of
+transformers' causal-LM auto mapping (deduplicated by class; ~185 in transformers 5.24), each with a ``kind``
+(decoder, cross-attention decoder, encoder as decoder, multimodal) and a ``state`` (kv, hybrid, recurrent, own,
+none), both derived from the class and its config (the rules are in that module's docstring). The target
+population is ``target``: decoders with a KV cache (kv or hybrid). ``--families`` selects a subset (family
+names, class names or model types).
+
+Each (family, tied) runs in a fresh process (``--timeout`` seconds each, default 300) under
+:func:`fusegraph.models.families.build_case`: the family's config class defaults shrunk to tiny sizes (hidden
+256, 2 layers or the fewest holding every layer kind, 8 experts top-2, ...), random weights (seed 0), MoE
+routers spread, embeddings tied or not (``tie_word_embeddings``), the prompt prefilled eagerly into a
+``StaticCache`` (or the family's own cache where it takes no StaticCache: the ``cache`` column), one eager
+decode step tried. Then ``--steps`` greedy steps (default 6: the first, verified against eager by fusegraph,
+and 5 more) run compiled with the ``fusegraph`` backend (interpreter executor) and eagerly on a copy.
+
+Columns: ``built`` (yes, or "cannot build tiny: <reason>": the installed transformers rejects the tiny config,
+the model or its eager decode), ``tokens_equal`` (every step's greedy token equal to eager's), ``max_rel_err``
+(worst logit difference over the logit scale), ``launches`` (kernel launches in the latest step), ``one_kernel``
+(one launch per step, every region run by the kernel, no op of the step left to eager PyTorch and no graph
+refused), ``coverage`` (the report's: of the decoder layers' ops, those that RAN in kernels; a refused graph's
+ops count as uncovered), ``first_reason`` (when not one kernel with eager's tokens: the first fusegraph warning
+of the run, else the first refused graph, region decision or eager op; one line), ``reason_class`` (its class,
+:data:`REASON_CLASSES`), ``seconds`` (the child's build + compile + run). The summary gives the one-kernel-and-
+equal-tokens counts over all families and over the target population, tied and untied, and a histogram of the
+reason classes. Rows go to ``--out`` as JSON (``bench-results/families.json``).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
+import time
+from collections import Counter
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import print_table, run_isolated, write_json  # noqa: E402
+from _common import print_table, run_isolated_partial, write_json  # noqa: E402
 
-FAMILIES = ["Llama", "Qwen2", "Qwen3", "Qwen3Moe", "Mistral", "Mixtral", "Phi3", "Phi", "Gemma", "Gemma2", "Gemma3", "Olmo",
-            "Olmo2", "Olmo3", "Granite", "SmolLM3", "Ministral", "Exaone4", "Qwen2Moe", "StableLm", "Starcoder2",
-            "Apertus", "Arcee", "HunYuanDenseV1", "SeedOss", "Glm", "Cohere", "GptOss", "GPTNeoX", "Ernie4_5"]
+PARTIAL_ENV = "FUSEGRAPH_BENCH_PARTIAL"
+
+#: (class, pattern over first_reason): the first that matches names the failure class of a row (the histogram)
+REASON_CLASSES: list[tuple[str, str]] = [
+    ("build: transformers cannot build tiny", r"^cannot build tiny"),
+    ("timeout", r"^timeout"),
+    ("crash (process died)", r"^crash"),
+    ("tokens differ from eager", r"^tokens differ"),
+    ("capture refusal", r"refus(ed|es) (the |this )?graph|graph \d+: .*running it eagerly|capture failed"),
+    ("router", r"router|top-?k|topk|expert"),
+    ("attention variant", r"attention|softcap|sink|alibi|sliding|window|rotary|rope|score|mask"),
+    ("non-KV state (recurrent / conv / SSM)", r"recurrent|mamba|ssm|conv|linear.attention|state"),
+    ("dimension / layout", r"partition|layout|dimension|shape|divisib|multiple of|PSUM|SBUF|budget|stride|head_dim"),
+    ("non-per-token values", r"scalar|one-element|parameter|per-token|reduction over|cumsum|position"),
+    ("complex values", r"complex"),
+    ("error", r"^error"),
+]
 
 
-def measure(family: str, steps: str = "5", tied: str = "0") -> dict:
-    import time
+def classify_reason(reason: str | None) -> str:
+    if not reason:
+        return ""
+    for name, pattern in REASON_CLASSES:
+        if re.search(pattern, reason, re.I):
+            return name
+    return "other"
+
+
+def _partial(row: dict) -> None:
+    path = os.environ.get(PARTIAL_ENV)
+    if path:
+        with open(path, "w") as f:
+            json.dump(row, f)
+
+
+def _one_line(text: str, n: int = 300) -> str:
+    return " ".join(str(text).split())[:n]
+
+
+def measure(family: str, steps: str = "6", tied: str = "0") -> dict:
+    """One (family, tied) row (module docstring). Runs in a fresh process."""
     import warnings
 
     import torch
 
     from fusegraph import FusegraphWarning
     from fusegraph.capture.session import last_session
-    from fusegraph.models import build_family_decode, greedy_decode
+    from fusegraph.models import greedy_decode
+    from fusegraph.models import families as F
     from fusegraph.report import report_for_session
 
-    torch.set_num_threads(2)
-    row: dict = {"family": family, "tied": tied == "1"}
-    try:
-        case = build_family_decode(family, tie_word_embeddings=tied == "1")
-    except Exception as e:  # noqa: BLE001 - a family this transformers cannot build tiny is reported, not fatal
-        return {**row, "error": f"build: {type(e).__name__}: {str(e)[:160]}"}
-    ref = case.fork()
-    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
+    torch.set_num_threads(1)
     t0 = time.perf_counter()
+    fam = F.find(family)
+    row: dict = {"family": fam.name, "class": fam.class_name, "kind": fam.kind, "kind_rule": fam.kind_rule,
+                 "tied": tied == "1"}
+    try:  # the state from the tiny config, else the default one: known even when the model cannot be built
+        cfg = F.tiny_config(fam)
+    except Exception:  # noqa: BLE001
+        cfg = F._default_config(fam.model_class.config_class)
+    row["state"] = F.state_of(fam.model_class, cfg) if cfg is not None else "unknown"
+    row["target"] = fam.kind == "decoder" and row["state"] in ("kv", "hybrid", "unknown")
+    _partial(row)
+    try:
+        case = F.build_case(fam, tied=tied == "1")
+    except Exception as e:  # noqa: BLE001 - a family this transformers cannot build tiny is listed as such
+        reason = str(e) if isinstance(e, F.TinyBuildError) else f"{type(e).__name__}: {e}"
+        return {**row, "built": f"cannot build tiny: {_one_line(reason, 240)}",
+                "first_reason": f"cannot build tiny: {_one_line(reason)}", "seconds": round(time.perf_counter() - t0, 1)}
+    cfg_text = case.model.config.get_text_config(decoder=True)
+    row.update(built="yes", state=case.state, target=fam.kind == "decoder" and case.state in ("kv", "hybrid"),
+               cache=case.cache_kind, params=F.param_count(case.model), layer_kinds=sorted(set(F.layer_types(cfg_text))),
+               layers=getattr(cfg_text, "num_hidden_layers", None))
+    _partial(row)
+    ref = case.fork()
+    n = int(steps)
+    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
+    error = None
+    toks: list = []
+    logits: list = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        toks, logits = greedy_decode(step, case.token, case.position, int(steps))
-    seconds = time.perf_counter() - t0
-    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, int(steps))
+        try:
+            toks, logits = greedy_decode(step, case.token, case.position, n)
+        except Exception as e:  # noqa: BLE001 - a compile or run error is a row, not the end of the sweep
+            error = f"error: {type(e).__name__}: {_one_line(e, 240)}"
+    fg_warnings = [_one_line(w.message, 400) for w in caught if issubclass(w.category, FusegraphWarning)]
+    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, n)
+    row["warnings"] = list(dict.fromkeys(fg_warnings))
+    if error is not None:
+        session = last_session()
+        return {**row, "one_kernel": False, "tokens_equal": False, "first_reason": error,
+                "first_warning": fg_warnings[0] if fg_warnings else None, "seconds": round(time.perf_counter() - t0, 1)}
+    equal = [torch.equal(a, b) for a, b in zip(toks, toks_e)]
+    row["tokens_equal"] = all(equal) and len(equal) == n
+    row["first_diff_step"] = equal.index(False) if not all(equal) else None
+    row["max_rel_err"] = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+                             for a, b in zip(logits, logits_e))
     session = last_session()
-    runs = list(session.program.execution.values()) if session else []
-    return {
-        **row,
-        "tokens_equal": all(torch.equal(a, b) for a, b in zip(toks, toks_e)),
-        "max_rel_err": max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(logits, logits_e)),
-        "launches": sum(r.launches_per_call for r in runs),
-        "executed_by": ",".join(sorted({e for r in runs for e in r.executed_by.values()})) or "eager",
-        # of what ran in kernels; the ops of a graph fusegraph refused count as uncovered (docs/report.md)
-        "coverage": round(report_for_session(session).coverage, 4) if session else 0.0,
-        "refused_graphs": len(session.refusals) if session else 0,
-        "versions": len(session.superseded) + 1 if session else 0,
-        "seconds": round(seconds, 2),
-        "warnings": sorted({str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)}),
-    }
+    if session is None:
+        return {**row, "one_kernel": False, "launches": 0, "coverage": 0.0,
+                "first_reason": fg_warnings[0] if fg_warnings else "no graph of the step reached fusegraph",
+                "seconds": round(time.perf_counter() - t0, 1)}
+    report = report_for_session(session).data
+    regions = report.get("regions", [])
+    eager_regions = [r for r in regions if r.get("executed_by", "eager") == "eager"]
+    row.update(
+        launches=report.get("kernel_launches_per_step", 0),
+        regions=len(regions), regions_eager=len(eager_regions),
+        eager_segments=report.get("eager_segments"), refused_graphs=len(session.refusals),
+        versions=len(session.superseded) + 1,
+        coverage=round(report.get("coverage", 0.0), 4), coverage_basis=report.get("coverage_basis"),
+        executed_by=",".join(sorted({r.get("executed_by", "eager") for r in regions})) or "eager",
+    )
+    row["one_kernel"] = (row["launches"] == 1 and not eager_regions and not session.refusals
+                         and not report.get("eager_segments"))
+    # the raw material of the next design step, whatever the first reason is
+    row["first_refusal"] = _one_line(session.refusals[0].reason) if session.refusals else None
+    refusing = [d for d in report.get("decisions", []) if d["action"] in _REFUSING]
+    row["first_decision"] = (f"{refusing[0]['action']} {refusing[0]['subject']}: {_one_line(refusing[0]['reason'])}"
+                             if refusing else None)
+    row["unmatched_ops"] = {u["op"]: u["count"] for u in report.get("unmatched", [])[:12]}
+    row["first_reason"] = None if row["one_kernel"] and row["tokens_equal"] else _first_reason(
+        row, fg_warnings, session, report)
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+_REFUSING = ("refuse_match", "refuse_merge", "dissolve", "fallback", "refuse_break", "require_full")
+
+
+def _first_reason(row: dict, fg_warnings: list[str], session, report: dict) -> str:
+    """Why this step is not one kernel with eager's tokens, in one line (the first applicable of: a fusegraph
+    warning, a refused graph, a refusing region decision, an op left to eager, unequal tokens)."""
+    if fg_warnings:
+        return fg_warnings[0]
+    if session.refusals:
+        r = session.refusals[0]
+        return f"graph {r.graph_index} refused: {_one_line(r.reason)}"
+    ran_kernel = {r["id"] for r in report.get("regions", []) if r.get("executed_by", "eager") != "eager"}
+    for d in report.get("decisions", []):
+        if d["action"] in _REFUSING:
+            return f"{d['action']} {d['subject']}: {_one_line(d['reason'])}"
+    for r in report.get("regions", []):
+        if r["id"] not in ran_kernel:
+            return f"region {r['id']} ran eagerly ({r.get('verification') or 'no kernel'})"
+    for u in report.get("unmatched", []):
+        return f"unmatched {u['op']} x{u['count']} ({u.get('module') or '-'}): {_one_line(u['reason'])}"
+    if not row.get("tokens_equal", True):
+        return f"tokens differ from eager at step {row.get('first_diff_step')} (max rel err {row.get('max_rel_err'):.3g})"
+    if row.get("launches", 0) != 1:
+        return f"{row.get('launches')} kernel launches per step"
+    return "not one kernel (no warning or decision names why)"
+
+
+COLUMNS = [("family", "family"), ("kind", "kind"), ("state", "state"), ("tied", "tied"), ("built", "built"),
+           ("cache", "cache"), ("tokens_equal", "tokens = eager"), ("max_rel_err", "max rel err"),
+           ("launches", "launches/step"), ("one_kernel", "one kernel"), ("coverage", "coverage"),
+           ("reason_class", "class"), ("first_reason", "first reason"), ("seconds", "s")]
+
+
+def _fmt_row(r: dict) -> dict:
+    out = dict(r)
+    out["built"] = "yes" if r.get("built") == "yes" else "no" if r.get("built") else ""
+    out["cache"] = (r.get("cache") or "")[:24]
+    out["first_reason"] = _one_line(r.get("first_reason") or "", 110)
+    out["reason_class"] = classify_reason(r.get("first_reason"))
+    return out
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """The summary lines: one kernel with eager's tokens over all families and the target population (tied and
+    untied), what could not be built, and the histogram of reason classes."""
+    def good(r: dict) -> bool:
+        return bool(r.get("one_kernel")) and bool(r.get("tokens_equal"))
+
+    lines = []
+    for label, pick in (("all families", lambda r: True), ("decoder-only with a KV cache", lambda r: r.get("target"))):
+        parts = []
+        for tied in (True, False):
+            sel = [r for r in rows if r.get("tied") == tied and pick(r)]
+            if sel:
+                parts.append(f"{sum(map(good, sel))}/{len(sel)} ({'tied' if tied else 'untied'})")
+        lines.append(f"one kernel per step and eager's tokens, {label}: " + ", ".join(parts))
+    for tied in (True, False):
+        sel = [r for r in rows if r.get("tied") == tied]
+        if sel:
+            built = sum(1 for r in sel if r.get("built") == "yes")
+            lines.append(f"built tiny ({'tied' if tied else 'untied'}): {built}/{len(sel)}; "
+                         f"tokens equal eager: {sum(1 for r in sel if r.get('tokens_equal'))}/{built}")
+    hist = Counter(classify_reason(r.get("first_reason")) for r in rows if r.get("first_reason"))
+    target = Counter(classify_reason(r.get("first_reason")) for r in rows if r.get("first_reason") and r.get("target"))
+    lines.append("first reason by class (rows; rows of the target population):")
+    for name, count in hist.most_common():
+        lines.append(f"  {count:4d}  {target.get(name, 0):4d}  {name}")
+    return lines
+
+
+def _classes(rows: list[dict]) -> None:
+    for r in rows:
+        r["reason_class"] = classify_reason(r.get("first_reason"))
+
+
+def report(rows: list[dict]) -> None:
+    _classes(rows)
+    print_table([_fmt_row(r) for r in rows], COLUMNS)
+    print()
+    for line in summary(rows):
+        print(line)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", default=",".join(FAMILIES))
-    ap.add_argument("--steps", default="5")
+    ap.add_argument("--families", default="", help="comma-separated family / class names or model types "
+                                                    "(default: every discovered family)")
+    ap.add_argument("--steps", default="6", help="greedy steps (>= 6: the verified first one and 5 more)")
     ap.add_argument("--tied", choices=("both", "tied", "untied"), default="both",
                     help="embeddings tied to the lm head, untied, or each family both ways (default)")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per (family, tied) process")
+    ap.add_argument("--jobs", type=int, default=1, help="processes at a time (default 1)")
     ap.add_argument("--out", default="bench-results/families.json")
+    ap.add_argument("--summarize", metavar="JSON", help="print the table and summary of an earlier run and exit")
     args = ap.parse_args()
-    rows = []
-    ties = {"both": ("0", "1"), "tied": ("1",), "untied": ("0",)}[args.tied]
-    for fam, tied in [(f, t) for f in args.families.split(",") for t in ties]:
-        try:
-            r = run_isolated("bench_families", "measure", fam, args.steps, tied, timeout=600)
-        except Exception as e:  # noqa: BLE001
-            r = {"family": fam, "tied": tied == "1", "error": str(e).splitlines()[0][:160]}
-        r["warnings_n"] = len(r.get("warnings", []))
-        rows.append(r)
-        print(f"{fam}{' (tied)' if tied == '1' else ''}: done", file=sys.stderr)
-    print_table(rows, [("family", "family"), ("tied", "tied"), ("tokens_equal", "tokens = eager"), ("max_rel_err", "max rel err"),
-                       ("launches", "launches/step"), ("coverage", "coverage"), ("refused_graphs", "refused"),
-                       ("executed_by", "regions run by"), ("versions", "versions"),
-                       ("warnings_n", "warnings"), ("seconds", "compile+run s"), ("error", "error")])
+    if args.summarize:
+        with open(args.summarize) as f:
+            report(json.load(f))
+        return
+    from fusegraph.models.families import discover, find
+
+    fams = discover()
+    names = [find(n.strip(), fams).name for n in args.families.split(",") if n.strip()] or [f.name for f in fams]
+    by_name = {f.name: f for f in fams}
+    ties = {"both": ("1", "0"), "tied": ("1",), "untied": ("0",)}[args.tied]
+    todo = [(fam, tied) for fam in names for tied in ties]
+    rows: list[dict] = []
+    t_all = time.perf_counter()
+
+    def run_one(fam: str, tied: str) -> dict:
+        t = time.perf_counter()
+        base = {"family": fam, "class": by_name[fam].class_name, "kind": by_name[fam].kind, "tied": tied == "1"}
+        r = run_isolated_partial("bench_families", "measure", fam, args.steps, tied, timeout=args.timeout,
+                                 partial_env=PARTIAL_ENV)
+        r = {**base, **r}
+        if r.get("failure"):  # timeout or a dead process: what the child had recorded, and why it stopped
+            r["first_reason"] = r["failure"]
+            r.setdefault("one_kernel", False)
+        r["wall_seconds"] = round(time.perf_counter() - t, 1)
+        return r
+
+    if args.jobs > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            futures = [(fam, tied, pool.submit(run_one, fam, tied)) for fam, tied in todo]
+            for i, (fam, tied, fut) in enumerate(futures):
+                rows.append(fut.result())
+                print(f"[{i + 1}/{len(todo)}] {fam}{' (tied)' if tied == '1' else ''}: done", file=sys.stderr)
+                write_json(args.out, rows, quiet=True)
+    else:
+        for i, (fam, tied) in enumerate(todo):
+            rows.append(run_one(fam, tied))
+            r = rows[-1]
+            print(f"[{i + 1}/{len(todo)}] {fam}{' (tied)' if tied == '1' else ''}: "
+                  f"{'one kernel' if r.get('one_kernel') else _one_line(r.get('first_reason') or '', 120)} "
+                  f"({r['wall_seconds']} s)", file=sys.stderr, flush=True)
+            write_json(args.out, rows, quiet=True)  # a partial sweep is readable while it runs
+    report(rows)
+    print(f"sweep wall time: {time.perf_counter() - t_all:.0f} s for {len(todo)} processes")
     write_json(args.out, rows)
 
 

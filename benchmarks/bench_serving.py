@@ -21,11 +21,14 @@ count. A configuration the pipeline refuses is a row ``not run: <reason>``.
 ``tp_plan="auto"`` on the meta device, rank 0 of torch's fake process group, the executor's kernels with their
 collectives, profiled shape-only at ``kv_index = L - 1`` (``position_assumption``)); the same ``--layers`` build and extrapolation.
 
-``--attention PIPELINE=0`` / ``KT_BY_DMA=1`` / ``PREFETCH=0`` / ``ROW_GROUPS=1``: the same rows with the streamed
-attention's block loop one block at a time / K^T by DMA transpose / the first block read after the layer's KV write /
-one row group per score tile (the JSON records the switches), for the A/B figures of docs/serving.md. Each flag is
-the fusegraph option of that name (``attn_pipeline``, ``attn_kt_by_dma``, ``attn_prefetch``, ``attn_row_groups``),
-passed with the build's options.
+``--attention PIPELINE=0`` / ``KT_BY_DMA=1`` / ``PREFETCH=0`` / ``ROW_GROUPS=1`` / ``BLOCK=2048`` /
+``BLOCK_MAX=2048``: the same rows with the streamed attention's block loop one block at a time / K^T by DMA
+transpose / the first block read after the layer's KV write / one row group per score tile / blocks forced to 2048
+positions / the modeled choice among blocks up to 2048 (the JSON records the switches), for the A/B figures of
+docs/serving.md. Each flag is the fusegraph option of that name (``attn_pipeline``, ``attn_kt_by_dma``,
+``attn_prefetch``, ``attn_row_groups``, ``attn_block``, ``attn_block_max``), passed with the build's options. Every
+row records the block and row groups its streamed attentions took (``attention_blocks``, from the kernel's
+comments: the cost model's choice unless forced; docs/serving.md, "Block size and row groups: a modeled choice").
 """
 from __future__ import annotations
 
@@ -68,6 +71,7 @@ def measure(model: str, target: str, L: int, batch: int, layers: int,
     from fusegraph.codegen.runtime import abstract_args
     from fusegraph.perf.kernelview import build_view
     from fusegraph.perf.params import load_params
+    from fusegraph.patterns.attention.lowering import stream_choices
     from fusegraph.settings import Settings
 
     row: dict[str, Any] = {"model": model, "target": target, "cache_len": L, "batch": batch, "layers": layers}
@@ -103,7 +107,9 @@ def measure(model: str, target: str, L: int, batch: int, layers: int,
     full_layers = int(full_cfg["num_hidden_layers"])
     full_step_s = step_s + (full_layers - layers) * layer_s
     streamed = gen.source.count("cache positions streamed in blocks of")
-    return {**row, "status": "run", "streamed_attention": streamed > 0,
+    choices = stream_choices(gen.source)
+    return {**row, "status": "run", "streamed_attention": streamed > 0, "attention_blocks": choices,
+            "blocks": blocks_label(choices),
             "sbuf_peak_kib": k["sbuf_peak_bytes_per_partition"] / 1024, "sbuf_kib": k["sbuf_bytes_per_partition"] / 1024,
             "hbm_read_gb": k["hbm_read_bytes"] / 1e9, "min_gb": need["total_bytes"] / 1e9,
             "hbm_vs_min": k["hbm_read_bytes"] / need["total_bytes"],
@@ -118,7 +124,8 @@ def measure(model: str, target: str, L: int, batch: int, layers: int,
 
 
 TP_COLUMNS = [("model", "model"), ("target", "target"), ("tp", "TP"), ("lnc", "LNC"), ("cache_len", "cache"),
-              ("batch", "B"), ("streamed_attention", "streamed"), ("sbuf_peak_kib", "SBUF peak KiB"),
+              ("batch", "B"), ("streamed_attention", "streamed"), ("blocks", "block x groups"),
+              ("sbuf_peak_kib", "SBUF peak KiB"),
               ("hbm_read_gb", "rank HBM GB (built layers)"), ("min_gb_per_rank", "rank min GB"),
               ("hbm_vs_min", "HBM/min"), ("modeled_us_per_layer", "us/layer"),
               ("collective_us_per_layer", "collective us/layer"),
@@ -128,21 +135,27 @@ TP_COLUMNS = [("model", "model"), ("target", "target"), ("tp", "TP"), ("lnc", "L
 
 
 ATTENTION_FLAGS = {"PIPELINE": ("0", "1"), "KT_BY_DMA": ("0", "1"), "PREFETCH": ("0", "1"),
-                   "ROW_GROUPS": ("1", "2", "4")}
+                   "ROW_GROUPS": ("0", "1", "2", "4"), "BLOCK": "positions", "BLOCK_MAX": "positions"}
 
 
 def attention_options(spec: str) -> dict[str, bool | int]:
-    """``PIPELINE=0,KT_BY_DMA=1,PREFETCH=0,ROW_GROUPS=1`` -> the fusegraph options of the named switches
-    (``{"attn_pipeline": False, ...}``; only those exist: an A/B of the pipelined block loop, of K^T by DMA
-    transpose, of the first block read before the layer's KV write and of the row groups (at most N, 1: off)
-    against the defaults). Anything else is a usage error naming the accepted flags."""
+    """``PIPELINE=0,KT_BY_DMA=1,PREFETCH=0,ROW_GROUPS=1,BLOCK=2048,BLOCK_MAX=4096`` -> the fusegraph options of the
+    named switches (``{"attn_pipeline": False, ...}``; only those exist: an A/B of the pipelined block loop, of K^T
+    by DMA transpose, of the first block read before the layer's KV write, of the row groups (0: the modeled
+    choice, N: at most N, 1: off) and of the streamed block (``BLOCK``: forced to that many positions, 0: the
+    modeled choice; ``BLOCK_MAX``: the largest the choice considers) against the defaults). Anything else is a
+    usage error naming the accepted flags."""
     options: dict[str, bool | int] = {}
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
-        if name not in ATTENTION_FLAGS or value not in ATTENTION_FLAGS[name]:
+        accepted = ATTENTION_FLAGS.get(name)
+        positions = accepted == "positions" and value.isdigit() and int(value) % 128 == 0 \
+            and (int(value) > 0 or name == "BLOCK")
+        if accepted is None or not (positions or (accepted != "positions" and value in accepted)):
             raise SystemExit(f"--attention: {item!r} is not one of "
-                             + ", ".join(f"{k}={'|'.join(v)}" for k, v in ATTENTION_FLAGS.items()))
-        options[f"attn_{name.lower()}"] = int(value) if name == "ROW_GROUPS" else value == "1"
+                             + ", ".join(f"{k}={'|'.join(v) if v != 'positions' else '<multiple of 128>'}"
+                                         for k, v in ATTENTION_FLAGS.items()))
+        options[f"attn_{name.lower()}"] = int(value) if name in ("ROW_GROUPS", "BLOCK", "BLOCK_MAX") else value == "1"
     return options
 
 
@@ -153,6 +166,13 @@ def attention_flags(options: dict[str, Any]) -> dict[str, bool | int]:
 
     s = Settings.from_options(options)
     return {k: getattr(s, f"attn_{k.lower()}") for k in ATTENTION_FLAGS}
+
+
+def blocks_label(choices: list[dict[str, Any]]) -> str:
+    """``1024x2`` (block x row groups) of a kernel's streamed attentions (one label when they all agree), ``-``
+    when none streams."""
+    labels = sorted({f"{c['block']}x{c['row_groups']}" for c in choices})
+    return ",".join(labels) or "-"
 
 
 def run_tp(specs: str, lens: list[int], batches: list[int], layers: int, out: str,
@@ -178,8 +198,10 @@ def run_tp(specs: str, lens: list[int], batches: list[int], layers: int, out: st
         r.setdefault("cache_len", cfg.cache_len)
         r.setdefault("batch", cfg.batch)
         r["seconds"] = time.perf_counter() - t0
-        print(json.dumps({k: r.get(k) for k in ("model", "tp", "cache_len", "batch", "status", "sbuf_peak_kib",
-                                                "hbm_vs_min", "full_model_ms_per_token", "reason", "seconds")},
+        r.setdefault("blocks", blocks_label(r.get("attention_blocks") or []))
+        print(json.dumps({k: r.get(k) for k in ("model", "tp", "cache_len", "batch", "status", "blocks",
+                                                "sbuf_peak_kib", "hbm_vs_min", "full_model_ms_per_token",
+                                                "us_per_layer", "modeled_us_per_layer", "reason", "seconds")},
                          default=str), flush=True)
         rows.append(r)
         write_json(out, {"mode": "tp", "layers_built": layers, "assumed_position": "L - 1", "rows": rows,
@@ -205,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp-rows", default="qwen3-30b-a3b:trn3:4:2", help="model:target:tp:lnc,... (with --tp)")
     ap.add_argument("--attention", default="", metavar="FLAG=0|1,...",
                     help="A/B switches of the streamed attention template (the attn_* options): PIPELINE, KT_BY_DMA, "
-                         "PREFETCH (0|1), ROW_GROUPS (1|2|4)")
+                         "PREFETCH (0|1), ROW_GROUPS (0 = modeled|1|2|4), BLOCK (positions, 0 = modeled), "
+                         "BLOCK_MAX (positions)")
     args = ap.parse_args(argv)
     options = attention_options(args.attention)
     flags = attention_flags(options)
@@ -219,12 +242,14 @@ def main(argv: list[str] | None = None) -> int:
         for batch in map(int, args.batches.split(",")):
             for L in map(int, args.cache_lens.split(",")):
                 r = measure(model, args.target, L, batch, args.layers, options)
-                print(json.dumps({k: r.get(k) for k in ("model", "cache_len", "batch", "status", "sbuf_peak_kib",
-                                                        "hbm_vs_min", "full_model_ms_per_token", "reason")}),
+                print(json.dumps({k: r.get(k) for k in ("model", "cache_len", "batch", "status", "blocks",
+                                                        "sbuf_peak_kib", "hbm_vs_min", "us_per_layer",
+                                                        "full_model_ms_per_token", "reason")}),
                       flush=True)
                 rows.append(r)
     ok = [r for r in rows if r["status"] == "run"]
     print_table(ok, [("model", "model"), ("cache_len", "cache"), ("batch", "B"), ("streamed_attention", "streamed"),
+                     ("blocks", "block x groups"),
                      ("sbuf_peak_kib", "SBUF peak KiB"), ("hbm_read_gb", f"HBM GB ({args.layers} layers)"),
                      ("min_gb", "min GB"), ("hbm_vs_min", "HBM/min"), ("us_per_layer", "us/layer"),
                      ("min_ms_core", "min ms (core)"), ("step_ms", "ms/step"),

@@ -157,16 +157,21 @@ class Settings:
         ge=0,
     )
     attn_block_max: int = _opt(
-        2048, "Largest streamed attention block, in cache positions (one K and one V DMA per block and kv head).",
-        ge=128, multiple_of=128,
+        8192, "Largest streamed attention block the modeled choice considers, in cache positions (one K and one V DMA "
+        "per block and kv head).", ge=128, multiple_of=128,
+    )
+    attn_block: int = _opt(
+        0, "Force the streamed attention's block to this many cache positions (the largest multiple of 128 up to it "
+        "that fits); 0: the block the cost model's closed form puts fastest among those that fit SBUF and PSUM.",
+        ge=0, multiple_of=128,
     )
     attn_paged_block_max: int = _opt(
         512, "Largest streamed block of paged attention, in positions (a block is read whole, so a smaller one reads "
         "fewer positions past a sequence's end).", ge=128, multiple_of=128,
     )
     attn_stream_scratch_kib: int = _opt(
-        64, "Largest SBUF scratch per partition one streamed attention block may take, in KiB (a smaller block is "
-        "chosen above it).", ge=1,
+        0, "Largest SBUF scratch per partition one streamed attention block may take, in KiB; 0: what the SBUF "
+        "budget leaves after the weight ring and a 16 KiB reserve.", ge=0,
     )
     attn_pipeline: bool = _opt(
         True, "Software-pipeline the streamed block loop: block k's scores are computed while block k - 1's softmax "
@@ -181,9 +186,9 @@ class Settings:
         "(2-byte caches, heads of at most 128, head split, not paged); off: modeled slower when DMA-bound.",
     )
     attn_row_groups: int = _opt(
-        4, "At most this many row groups share a streamed score tile (a core with few query rows fills more "
-        "partitions, each softmax instruction runs over Lb / groups columns); 1 turns it off.",
-        (1, 2, 4),
+        0, "Row groups sharing a streamed score tile (a core with few query rows fills more partitions, each "
+        "softmax instruction runs over Lb / groups columns): 0 the cost model's choice, N at most N, 1 off.",
+        (0, 1, 2, 4),
     )
     # ---- matching and regions (names as in Torch-TensorRT where one exists) ----------------------------------
     min_region_size: int = _opt(

@@ -27,16 +27,18 @@ def _user_config(tmp_path_factory):
         yield
 
 
-def test_defaults_are_the_former_module_constants():
-    """Kept identical, so every kernel and figure stays bit-identical."""
+def test_default_settings_give_the_default_switches():
+    """The options' defaults are the module's defaults (a build outside the executors generates the same kernels).
+    Since 2026-12-07 the block and row groups are the cost model's choice (block 0, row groups 0, candidates up to
+    8,192 positions, the scratch limit derived from the SBUF budget; docs/serving.md)."""
     sw = attention.StreamSwitches.from_settings(Settings())
     assert sw == attention.DEFAULT_SWITCHES == attention.StreamSwitches(
-        stream_above=1024, block_max=2048, paged_block_max=512, scratch_max=64 * 1024, pipeline=True,
-        prefetch=True, kt_by_dma=False, row_groups=4)
+        stream_above=1024, block_max=8192, block=0, paged_block_max=512, scratch_max=0, sbuf_budget=0,
+        ring_bytes=2 * 4 * 16 * 1024, pipeline=True, prefetch=True, kt_by_dma=False, row_groups=0)
 
 
 @pytest.mark.parametrize("option, value", [
-    ("attn_stream_above", 0), ("attn_block_max", 1024), ("attn_paged_block_max", 256),
+    ("attn_stream_above", 0), ("attn_block_max", 1024), ("attn_block", 2048), ("attn_paged_block_max", 256),
     ("attn_stream_scratch_kib", 32), ("attn_pipeline", False), ("attn_prefetch", False),
     ("attn_kt_by_dma", True), ("attn_row_groups", 1),
 ])

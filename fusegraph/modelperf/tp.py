@@ -34,6 +34,7 @@ import torch
 from ..api.kernel import CapturedStep, capture_callable
 from ..codegen.api import position_assumption
 from ..models.kv_replication import replicated_kv_config
+from ..patterns.attention.lowering import stream_choices
 from ..perf import baselines
 from ..perf.analysis import one_line_reason, profile_program0
 from ..perf.costmodel import collective_time, estimate_kernel, spans_chips
@@ -458,6 +459,8 @@ def serving_figures(row: dict[str, Any], kernels: Sequence[RankKernel], cfg: TPC
     return {
         "batch": cfg.batch, "assumed_position": "L - 1" if cfg.full_cache else "default (0)",
         "streamed_attention": streamed > 0,
+        # the block and row groups each streamed attention took (the cost model's choice unless forced)
+        "attention_blocks": [c for k in kernels if k.plan is not None for c in stream_choices(k.plan.generated.source)],
         "sbuf_peak_kib": max((k.profile.get("peak_sbuf_bytes_per_partition", 0) for k in kernels), default=0) / 1024,
         "sbuf_kib": hw.sbuf_bytes_per_partition / 1024,
         "hbm_read_gb": hbm / 1e9, "min_gb_per_rank": need["total_bytes"] / 1e9,

@@ -40,14 +40,19 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import re
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator
 
 import torch
 
 from fusegraph.codegen.api import (aten, code, CodegenError, Context, Emitted, expr, inst_name, ir, KV_INDEX, KV_NEXT,
                                     kv_positions, Lowerer, MOVING_MAX, nbytes, nl_dtype, PMAX, PSUM_FREE_FP32,
                                     register_codegen_options, register_lowering, tiles)
+from fusegraph.nkisim.targets import get_target
+
+from . import blocks
 from .decode_attention import decode_attention, decode_attention_softcap
 
 V = ir.ValueKind
@@ -64,12 +69,25 @@ class StreamSwitches:
     #: at 640 a TP rank with one kv head under LNC=2 (blocks of 128 split between the cores) is modeled slower
     #: streamed (58.6 -> 63.4), so short caches keep the single pass (docs/serving.md, "Benchmark")
     stream_above: int = 1024
-    #: the largest streamed block, in positions (one K and one V DMA of Lb x head_dim per block and kv head)
-    block_max: int = 2048
+    #: the largest streamed block the modeled choice considers, in positions (one K and one V DMA of Lb x head_dim per
+    #: block and kv head). 8192: the choice (:func:`choose_stream`) is bounded by SBUF and PSUM long before it (a TP
+    #: rank's one kv head takes 4,096, the PSUM of its K^T transposes stopping 8,192); a larger block also reads more
+    #: positions past a sequence's end (a position-bounded loop reads whole blocks)
+    block_max: int = 8192
+    #: force every streamed block to this many positions (the largest multiple of 128 up to it that the cache
+    #: allows); 0: the modeled choice among the candidates that fit (:func:`choose_stream`)
+    block: int = 0
     #: the largest streamed block of a paged attention (``paged_attention.py``)
     paged_block_max: int = 512
-    #: the largest SBUF scratch per partition a streamed block may take (a smaller block is chosen above it)
-    scratch_max: int = 64 * 1024
+    #: the largest SBUF scratch per partition a streamed block may take; 0: what the SBUF budget leaves
+    #: (:func:`scratch_limit`: the usable SBUF less the weight ring's bound and :data:`SBUF_RESERVE`)
+    scratch_max: int = 0
+    #: usable SBUF bytes per partition (``settings.sbuf_budget``); 0: the target's default (the interpreter's and the
+    #: planner's: physical less 16 KiB)
+    sbuf_budget: int = 0
+    #: the weight ring's bound, bytes per partition: two streams (static and dynamic) x ``weight_buffers`` x
+    #: ``weight_chunk_kib`` (4 x 16 KiB by default; ``codegen/stream.py`` sizes the ring the same way)
+    ring_bytes: int = 2 * 4 * 16 * 1024
     #: the block loop software-pipelined (iteration k computes block k's scores while block k - 1's softmax and P.V
     #: run: the Tensor, Vector and Scalar engines work on two blocks at once instead of passing one block down a
     #: chain); caches that are a multiple of the block (no short first block under a head split), not paged
@@ -85,18 +103,22 @@ class StreamSwitches:
     #: the cost model puts it 0.3-0.7% slower for Qwen3-30B-A3B (1.6% faster for Llama-3-8B at 131,072), and
     #: nki-library's own notes report a regression from replacing nc_transpose by dma_transpose in a DMA-bound kernel
     kt_by_dma: bool = False
-    #: at most this many *row groups* share a score tile: each row group holds its own contiguous part of every
-    #: block (positions j x Lb / groups ...) with its own running softmax state, and the groups are folded once at
-    #: the end, so a core with few query rows (a TP rank's one kv head: 8 rows) fills more partitions and each
-    #: Vector/Scalar instruction of a block runs over Lb / groups columns instead of Lb (its cost is its free size).
-    #: 4: the P^T copies into a group's partitions must start at 0/32/64/96 (nkisim's start-partition rule); 1 off
-    row_groups: int = 4
+    #: *row groups* sharing a score tile: each row group holds its own contiguous part of every block (positions j x
+    #: Lb / groups ...) with its own running softmax state, and the groups are folded once at the end, so a core with
+    #: few query rows (a TP rank's one kv head: 8 rows) fills more partitions and each Vector/Scalar instruction of a
+    #: block runs over Lb / groups columns instead of Lb (its cost is its free size), at the price of a fold and
+    #: wider zero-padded q and P^T. 0: the modeled choice (:func:`choose_stream`); N: the most valid up to N (4 at
+    #: most: the P^T copies into a group's partitions must start at 0/32/64/96, nkisim's start-partition rule); 1 off
+    row_groups: int = 0
 
     @classmethod
     def from_settings(cls, settings: Any) -> "StreamSwitches":
-        """The switches a :class:`fusegraph.settings.Settings` asks for (its ``attn_*`` fields)."""
+        """The switches a :class:`fusegraph.settings.Settings` asks for (its ``attn_*`` fields, and the SBUF budget
+        and weight ring the block's scratch must leave room for)."""
         return cls(stream_above=settings.attn_stream_above, block_max=settings.attn_block_max,
-                   paged_block_max=settings.attn_paged_block_max, scratch_max=settings.attn_stream_scratch_kib * 1024,
+                   block=settings.attn_block, paged_block_max=settings.attn_paged_block_max,
+                   scratch_max=settings.attn_stream_scratch_kib * 1024, sbuf_budget=settings.sbuf_budget,
+                   ring_bytes=2 * settings.weight_buffers * settings.weight_chunk_kib * 1024,
                    pipeline=settings.attn_pipeline, prefetch=settings.attn_prefetch,
                    kt_by_dma=settings.attn_kt_by_dma, row_groups=settings.attn_row_groups)
 
@@ -121,29 +143,162 @@ def use_switches(sw: StreamSwitches) -> Iterator[StreamSwitches]:
         _SWITCHES.reset(token)
 
 
-def stream_plan(L: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int, *, pos_split: bool = False,
-                block: int = 0, heads: int = 1) -> tuple[int, int] | None:
-    """(block positions, SBUF scratch per partition) of the streamed template for a cache of ``L`` positions, or
-    None when the single-pass template takes it (``block``: force streaming with this block size, for tests).
-    Blocks are multiples of 128 positions that divide ``L`` when ``L`` is a multiple of 128; any other length
-    takes the largest block within the scratch limit and reads its first ``L % Lb`` positions as one more, shorter
-    block (both cores need a block each under a block split);
-    ``heads``: kv heads sharing one score tile (:func:`head_group`), whose K/V tiles a block holds at once."""
+#: SBUF per partition kept for the activations live at the attention and the kernel's constants when the block's
+#: scratch limit is derived from the budget (:func:`scratch_limit`); batch 64 keeps 10-12 KiB of activations live at
+#: its peak (docs/serving.md, "SBUF budget")
+SBUF_RESERVE = 16 * 1024
+
+
+def scratch_limit(target: str) -> int:
+    """The largest SBUF scratch per partition a streamed block may take: ``StreamSwitches.scratch_max`` when set,
+    else what the budget leaves (usable SBUF of ``target`` or ``settings.sbuf_budget``, less the weight ring's bound
+    and :data:`SBUF_RESERVE`): 96 KiB on trn3, 64 KiB on trn2 with the default 4 x 16 KiB ring. Why derived: the
+    block's tiles are the largest scratch of a long-context kernel and the ring the largest persistent use; the
+    planner's check (``Budget``) stays the final word."""
     sw = switches()
-    if not block and L <= sw.stream_above:
+    if sw.scratch_max:
+        return sw.scratch_max
+    budget = sw.sbuf_budget or get_target(target).default_sbuf_budget
+    return max(0, budget - sw.ring_bytes - SBUF_RESERVE)
+
+
+@dataclass(frozen=True)
+class StreamChoice:
+    """The streamed template's block (``Lb`` positions) and row groups (``pg``) for one attention, why, and the
+    figures behind it: SBUF scratch per partition and PSUM banks of the loop body (:mod:`.blocks`), the closed
+    form's seconds for the attention's blocks at a full cache and per drained iteration; ``candidates``: every
+    ``(Lb, pg, seconds, scratch, psum banks, fits)`` considered (for reports and tests)."""
+
+    Lb: int
+    pg: int
+    scratch: int
+    psum_banks: int
+    seconds: float
+    iteration: float
+    how: str
+    candidates: tuple[tuple[int, int, float, int, int, bool], ...] = ()
+
+    def note(self) -> str:
+        """One line for the kernel's comment: what was chosen and why."""
+        fits = sum(1 for c in self.candidates if c[5])
+        return (f"blocks of {self.Lb} in {self.pg} row group{'s' if self.pg > 1 else ''}: {self.how}"
+                + (f", the fastest of {fits} candidates that fit" if self.how == "modeled" else "")
+                + f" (closed form {self.iteration * 1e6:.2f} us per drained iteration; SBUF {self.scratch / 1024:.1f} "
+                  f"KiB, PSUM {self.psum_banks} banks)")
+
+
+#: the kernel comment of a streamed attention's choice (:meth:`StreamChoice.note`)
+_CHOICE_NOTE = re.compile(r"# blocks of (\d+) in (\d+) row groups?: ([^(,\n]+)")
+
+
+def stream_choices(source: str) -> list[dict[str, Any]]:
+    """The block and row groups of every streamed attention of a generated kernel, from its comments (what
+    :meth:`StreamChoice.note` wrote): ``[{"block": 1024, "row_groups": 2, "how": "modeled"}, ...]`` in source
+    order, one per attention. For reports and benchmarks, which have the kernel but not its build."""
+    return [{"block": int(m.group(1)), "row_groups": int(m.group(2)), "how": m.group(3).strip()}
+            for m in _CHOICE_NOTE.finditer(source)]
+
+
+def valid_row_groups(R: int, nb: int, *, r: int, paged: bool, kt_dma: bool) -> list[int]:
+    """Row-group counts the template can run for a block of ``nb`` position tiles and ``R`` rows: at most 128 rows
+    in all, dividing the block's tiles, each group's P^T partitions starting at 0/32/64/96 (so at most 4); only 1
+    for a short first block (``r``), paged gathers and K^T by DMA (its strided score read is per position row).
+    ``StreamSwitches.row_groups`` = N > 0 keeps the most of them up to N (the option's override)."""
+    if r or paged or kt_dma:
+        return [1]
+    ok = [g for g in (1, 2, 4) if g == 1 or (g * R <= PMAX and nb % g == 0 and (PMAX // g) % 32 == 0)]
+    cap = switches().row_groups
+    return [max(g for g in ok if g <= cap)] if cap else ok
+
+
+def row_groups(R: int, nb: int, *, r: int, paged: bool, kt_dma: bool) -> int:
+    """The most row groups the template can run for this block (:func:`valid_row_groups`, up to
+    ``StreamSwitches.row_groups`` or 4): what a forced block takes when the option names no count."""
+    return max(valid_row_groups(R, nb, r=r, paged=paged, kt_dma=kt_dma))
+
+
+def stream_plan(L: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int, *, pos_split: bool = False,
+                block: int = 0, heads: int = 1, target: str = "trn2") -> tuple[int, int] | None:
+    """(block positions, SBUF scratch per partition) of the streamed template for a cache of ``L`` positions, or
+    None when the single-pass template takes it (``block``: force streaming with blocks of at most this size, as
+    the paged attention and the tests do): :func:`choose_stream` with scores rounded like HF eager."""
+    c = choose_stream(L, D, G, split, kvb, qb, mb, sb, pos_split=pos_split, block=block, heads=heads, target=target)
+    return None if c is None else (c.Lb, c.scratch)
+
+
+def choose_stream(L: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int, *, pos_split: bool = False,
+                  block: int = 0, heads: int = 1, exact: bool = True, softcap: bool = False, target: str = "trn2",
+                  kv_rows: int = 0, paged: bool = False, tokens: int = 1, head_groups: int = 1
+                  ) -> StreamChoice | None:
+    """The streamed template's block and row groups for a cache of ``L`` positions, or None when the single-pass
+    template takes it (``L <= StreamSwitches.stream_above`` and no ``block``).
+
+    Candidates: blocks of 128-position multiples up to ``StreamSwitches.block_max`` (and ``L``, or ``L / 2`` under
+    a block split) that divide ``L`` when ``L`` is a multiple of 128 (any other length reads its first ``L % Lb``
+    positions as one more, shorter block), each with every row-group count the template can run
+    (:func:`valid_row_groups`). A candidate *fits* when its scratch (:func:`.blocks.sbuf_bytes`, each tile once)
+    is within :func:`scratch_limit` and its loop body's PSUM tiles (:func:`.blocks.psum_banks`) within the 8
+    banks. **Modeled** (the default): the fitting candidate the closed form (:func:`.blocks.estimate`: one drained
+    iteration of the template's body list-scheduled with the cost model's sourced per-instruction, DMA, semaphore
+    and loop-barrier costs, times the iterations at a full cache) puts fastest; ties to the smaller scratch.
+    **Forced** (``block`` here, or ``StreamSwitches.block``): the largest block up to it that fits (the smallest
+    if none does), with ``StreamSwitches.row_groups`` groups if set, else the modeled best for that block. None
+    fits at all: the smallest scratch (the planner's budget check then says why)."""
+    sw = switches()
+    if not block and not sw.block and L <= sw.stream_above:
         return None
-    top = min(block or sw.block_max, L // 2 if pos_split else L)
-    best = None
-    for Lb in range(PMAX, top + 1, PMAX):
-        if L % PMAX == 0 and L % Lb:
-            continue  # a multiple of 128 streams in equal blocks; any other length has one more, shorter block
-        scratch = _stream_scratch(Lb, D, G, split, kvb, qb, mb, sb, pos_split, heads)
-        if best is None or scratch <= sw.scratch_max:
-            best = (Lb, scratch)
-    if best is None:
+    return _choose(sw, L, D, G, split, kvb, qb, mb, sb, pos_split, block or sw.block, heads, exact, softcap, target,
+                   kv_rows, paged, tokens, head_groups)
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose(sw: StreamSwitches, L: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int,
+            pos_split: bool, forced: int, heads: int, exact: bool, softcap: bool, target: str, kv_rows: int,
+            paged: bool, tokens: int, head_groups: int) -> StreamChoice:
+    """:func:`choose_stream` for one set of switches (cached: every layer's attention asks the same question several
+    times per build)."""
+    top = min(forced or sw.block_max, L // 2 if pos_split else L)
+    sizes = [Lb for Lb in range(PMAX, top + 1, PMAX) if not (L % PMAX == 0 and L % Lb)]
+    if not sizes:
         raise CodegenError(f"no block of {PMAX}-multiples fits {L} cache positions"
                            + (" twice (LNC=2 splits the blocks between the cores)" if pos_split else ""))
-    return best
+    hw = blocks.Hardware.load(target)
+    limit = scratch_limit(target)
+    R = heads * G
+    rows: list[tuple[int, int, float, int, int, bool]] = []
+    best: dict[int, tuple] = {}  # Lb -> (fits, seconds, scratch, pg, banks, iteration): the block's best row groups
+    for Lb in sizes:
+        r = L % Lb
+        full = L // Lb
+        Lr = -(-r // PMAX) * PMAX if r else 0
+        kt = kt_by_dma(Lb, Lr if r and not pos_split else 0, D, split, kvb, kv_rows or L, paged=paged,
+                       pos_split=pos_split)
+        more = full > (2 if pos_split else (0 if r else 1))
+        pipe = sw.pipeline and more and not paged and not (r and not pos_split)
+        for pg in valid_row_groups(R, Lb // PMAX, r=r, paged=paged, kt_dma=kt):
+            shape = blocks.StreamShape(Lb=Lb, pg=pg, HC=heads, G=G, D=D, split=split, kvb=kvb, qb=qb, mb=mb, sb=sb,
+                                       exact=exact, softcap=softcap, pipe=pipe, kt_dma=kt, pos_split=pos_split)
+            scratch = blocks.sbuf_bytes(shape)
+            banks = blocks.psum_banks(shape) if more else 0
+            est = blocks.estimate(shape, hw, L, sequences=tokens, head_groups=head_groups)
+            fits = scratch <= limit and banks <= blocks.PSUM_BANKS
+            rows.append((Lb, pg, est.seconds, scratch, banks, fits))
+            key = (not fits, est.seconds, scratch)
+            if Lb not in best or key < best[Lb][:3]:
+                best[Lb] = (not fits, est.seconds, scratch, pg, banks, est.iteration)
+    if forced:
+        fitting = [Lb for Lb in sizes if not best[Lb][0]]
+        Lb = max(fitting) if fitting else min(sizes, key=lambda b: best[b][2])
+        how = "forced (block option)" if not sw.row_groups else "forced (block and row-group options)"
+    else:
+        Lb = min(sizes, key=lambda b: best[b][:3])
+        how = "modeled" if not best[Lb][0] else "nothing fits: the smallest scratch"
+        if best[Lb][0]:
+            Lb = min(sizes, key=lambda b: best[b][2])
+        elif sw.row_groups:
+            how = "modeled (row groups forced by the option)"
+    unfit, seconds, scratch, pg, banks, iteration = best[Lb]
+    return StreamChoice(Lb, pg, scratch, banks, seconds, iteration, how, tuple(rows))
 
 
 def block_starts(L: int, Lb: int) -> tuple[list[int], list[int]]:
@@ -157,14 +312,14 @@ def block_starts(L: int, Lb: int) -> tuple[list[int], list[int]]:
 
 
 def _stream_scratch(Lb: int, D: int, G: int, split: int, kvb: int, qb: int, mb: int, sb: int, pos_split: bool,
-                    heads: int = 1, pg: int = 1) -> int:
-    """SBUF bytes per partition of one streamed block, counted twice: the next block's tiles are allocated while
-    this block's are live (double-buffered K/V loads); plus the zero-padded q and P^T tiles, allocated once."""
-    nb = Lb // PMAX
-    R = heads * G * pg
-    block = (2 * heads * nb * D * kvb + heads * split * Lb * kvb + Lb // pg * (mb + sb + qb)
-             + D * 4 + D * qb + 8 * 4 + (2 * (D + 2) * 4 if pos_split else 0) + ((D + 1) * 4 + R * 8 if pg > 1 else 0))
-    return 2 * block + heads * nb * R * qb + split * heads * pg * R * qb
+                    heads: int = 1, pg: int = 1, kt_dma: bool = False) -> int:
+    """SBUF bytes per partition of the streamed template with blocks of ``Lb`` (:func:`.blocks.sbuf_bytes`): every
+    tile once. Until 2026-12-07 the block's tiles were counted twice ("the next block's tiles are allocated while
+    this block's are live"), which a hardware loop does not do: its body's tiles are allocated once and reused by
+    every iteration (docs/performance.md, "Hardware loops: sourced entry", L1), and the interpreter's SBUF peak
+    counts them once (``tests/serving/test_stream_choice.py``)."""
+    return blocks.sbuf_bytes(blocks.StreamShape(Lb=Lb, pg=pg, HC=heads, G=G, D=D, split=split, kvb=kvb, qb=qb,
+                                                mb=mb, sb=sb, kt_dma=kt_dma, pos_split=pos_split))
 
 
 def _prefetch_bytes(bL: int, D: int, heads: int, kvb: int, mb: int, pipe: bool, kt_dma: bool) -> int:
@@ -189,24 +344,6 @@ def kt_by_dma(Lb: int, Lr: int, D: int, split: int, kvb: int, rows: int, *, page
         if L_ and (rows % nb or any(c % nb or n % nb for c, n, _ in tiles(L_, MOVING_MAX))):
             return False
     return True
-
-
-def row_groups(R: int, nb: int, *, r: int, paged: bool, kt_dma: bool,
-               scratch: Callable[[int], int] | None = None) -> int:
-    """Row groups of a streamed block (``StreamSwitches.row_groups``): the most, up to it, with at most 128 rows in all that
-    divide the block's 128-position tiles (``nb``) and whose block scratch (``scratch(groups)``) stays within
-    ``StreamSwitches.scratch_max`` (or within one group's, if that is above it: the zero-padded q and P^T grow with the
-    groups); 1 for a short first block (``r``), paged gathers and K^T by DMA (its strided score read is per
-    position row)."""
-    if r or paged or kt_dma:
-        return 1
-    sw = switches()
-    fits = [g for g in range(1, sw.row_groups + 1) if g == 1 or (g * R <= PMAX and nb % g == 0 and PMAX % g == 0
-                                                              and (PMAX // g) % 32 == 0)]
-    if scratch is not None:
-        limit = max(sw.scratch_max, scratch(1))
-        fits = [g for g in fits if scratch(g) <= limit]
-    return max(fits)
 
 
 def fold_matrix(R: int, groups: int) -> torch.Tensor:
@@ -244,38 +381,43 @@ class Attention(ir.Instruction):
         c.heads(self.q, self.k_cache.shape[-1])
         c.heads(self.out, self.k_cache.shape[-1])
 
-    def _plan(self, ctx: Context) -> tuple[int, int] | None:
+    def _choice(self, ctx: Context) -> StreamChoice | None:
+        """This attention's streamed block and row groups (:func:`choose_stream`), or None for the single pass."""
         Hkv, L, D = self.kv_dims()
         lay = ctx.layout(self.q)
         exact = self.q.dtype != torch.float32 and self.rounding == "eager"
-        return stream_plan(L, D, self.groups, lay.split, nbytes(self.k_cache.dtype), nbytes(self.q.dtype),
-                           nbytes(self.mask.dtype), nbytes(self.q.dtype) if exact else 4,
-                           pos_split=ctx.lnc == 2 and not ctx.split(Hkv), block=self.block,
-                           heads=head_group(ctx.split(Hkv) or Hkv, self.groups))
+        per_core = ctx.split(Hkv) or Hkv
+        HC = head_group(per_core, self.groups)
+        return choose_stream(L, D, self.groups, lay.split, nbytes(self.k_cache.dtype), nbytes(self.q.dtype),
+                             nbytes(self.mask.dtype), nbytes(self.q.dtype) if exact else 4,
+                             pos_split=ctx.lnc == 2 and not ctx.split(Hkv), block=self.block, heads=HC,
+                             exact=exact, softcap=bool(self.softcap), target=ctx.target,
+                             kv_rows=self.k_cache.shape[0] * Hkv * L, tokens=ctx.tokens, head_groups=per_core // HC)
 
-    def _scratch(self, ctx: Context, Lb: int, heads: int, pos_split: bool, pg: int = 1) -> int:
+    def _plan(self, ctx: Context) -> tuple[int, int] | None:
+        c = self._choice(ctx)
+        return None if c is None else (c.Lb, c.scratch)
+
+    def _scratch(self, ctx: Context, Lb: int, heads: int, pos_split: bool, pg: int = 1, kt_dma: bool = False) -> int:
         """SBUF bytes per partition of this attention's streamed block (:func:`_stream_scratch` with its dtypes)."""
         D = self.kv_dims()[2]
         qb = nbytes(self.q.dtype)
         exact = self.q.dtype != torch.float32 and self.rounding == "eager"
         return _stream_scratch(Lb, D, self.groups, ctx.layout(self.q).split, nbytes(self.k_cache.dtype), qb,
-                               nbytes(self.mask.dtype), qb if exact else 4, pos_split, heads, pg)
+                               nbytes(self.mask.dtype), qb if exact else 4, pos_split, heads, pg, kt_dma)
 
     def _groups(self, ctx: Context, Lb: int = 0, paged: bool = False) -> tuple[int, int]:
-        """(rows R of a head group, row groups) of the streamed template in blocks of ``Lb`` (0: the plan's); (R, 1)
-        when it does not stream. The one place both the constants (the fold matrix) and the emitter ask."""
-        Hkv, L, D = self.kv_dims()
-        HC = head_group(ctx.split(Hkv) or Hkv, self.groups)
-        R = HC * self.groups
-        plan = self._plan(ctx)
-        if plan is None or paged:
+        """(rows R of a head group, row groups) of the streamed template (the choice's, :func:`choose_stream`);
+        (R, 1) when it does not stream or is paged. The one place both the constants (the fold matrix) and the
+        emitter ask."""
+        Hkv = self.kv_dims()[0]
+        R = head_group(ctx.split(Hkv) or Hkv, self.groups) * self.groups
+        choice = None if paged else self._choice(ctx)
+        if choice is None:
             return R, 1
-        Lb = Lb or plan[0]
-        pos_split = ctx.lnc == 2 and not ctx.split(Hkv)
-        kt = kt_by_dma(Lb, 0, D, ctx.layout(self.q).split, nbytes(self.k_cache.dtype),
-                       self.k_cache.shape[0] * Hkv * L, paged=False, pos_split=pos_split)
-        return R, row_groups(R, Lb // PMAX, r=L % Lb, paged=False, kt_dma=kt,
-                             scratch=lambda g: self._scratch(ctx, Lb, HC, pos_split, g))
+        if Lb and Lb != choice.Lb:
+            raise CodegenError(f"attention: blocks of {Lb} asked, the plan chose {choice.Lb}")
+        return R, choice.pg
 
     def constants(self, ctx: Context) -> dict[str, ir.Constant]:
         """The fold matrix of the row groups (:func:`fold_matrix`), when a streamed block has more than one."""
@@ -369,11 +511,18 @@ class Attention(ir.Instruction):
         pg = self._groups(ctx, Lb, paged=bool(paged.get("paged")))[1]
         if pg > 1 and f"fold_{pg}x{R}" not in ctx.consts:  # constants() decided otherwise: never fold without it
             raise CodegenError(f"attention: {pg} row groups of {R} rows without their fold matrix")
-        scratch = self._scratch(ctx, Lb, HC, pos_split, pg)
+        scratch = self._scratch(ctx, Lb, HC, pos_split, pg, kt_dma)
         pipe = switches().pipeline and more and not paged.get("paged") and not (r and not pos_split)
         chunks = tiles(Lb // pg, MOVING_MAX)
-        # pipelined: the block's score chunks are all live in PSUM at once (evicted after the previous block's softmax)
-        e = Emitted(sbuf=scratch + Hq * S * T * qb, psum_banks=5 + (len(chunks) - 1 if pipe else 0))
+        # pipelined: the block's score chunks are all live in PSUM at once (evicted after the previous block's
+        # softmax); in a block loop every PSUM allocation site of the body is one tile live for the whole loop
+        banks = 5 + (len(chunks) - 1 if pipe else 0)
+        if more and not paged.get("paged"):
+            banks = max(banks, blocks.psum_banks(blocks.StreamShape(
+                Lb=Lb, pg=pg, HC=HC, G=G, D=D, split=S, kvb=kvb, qb=qb, mb=nbytes(self.mask.dtype),
+                sb=qb if exact else 4, exact=exact, softcap=bool(cap), pipe=pipe, kt_dma=kt_dma, pos_split=pos_split)))
+        choice = None if paged.get("paged") else self._choice(ctx)
+        e = Emitted(sbuf=scratch + Hq * S * T * qb, psum_banks=banks)
         kgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (PMAX * kvb)))  # K^T tiles per 2 KiB PSUM tile
         pgroup = max(1, min(nb, (2 * PSUM_FREE_FP32) // (pg * R * qb)))  # P^T tiles per PSUM tile
         nbr = Lr // PMAX
@@ -406,7 +555,7 @@ class Attention(ir.Instruction):
                pgroups_r=[(c, n) for c, n, _ in tiles(nbr, max(1, min(nbr, pgroup)))],
                mask_min=repr(float(torch.finfo(self.mask.dtype).min)), kt_dma=kt_dma, kv_rows=kv_rows, pipe=pipe,
                prefetch=prefetch, bL0=Lr if odd_first else Lb, pg=pg, RR=pg * R, gq_rows=PMAX // pg,
-               fold=ctx.consts.get(f"fold_{pg}x{R}", ""),
+               fold=ctx.consts.get(f"fold_{pg}x{R}", ""), choice_note=choice.note() if choice else "",
                **{"paged": False, "segments": [], "table": "", "MB": 0, **paged}, **names)
         e.code("attention_stream.j2", early=False, **tctx)
         if prefetch:

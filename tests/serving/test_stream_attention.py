@@ -162,25 +162,42 @@ def test_streamed_attention_without_positions_reads_every_block(dtype):
 
 
 def test_stream_plan_chooses_by_cache_length_and_keeps_sbuf_flat():
-    """Caches up to STREAM_ABOVE positions keep the single-pass template; longer ones stream, with a per-block
-    scratch that does not grow with the cache (the same at 4k and 128k)."""
+    """Caches up to STREAM_ABOVE positions keep the single-pass template; longer ones stream in the block the cost
+    model's closed form chose (attention.choose_stream), within the scratch limit, with a per-block scratch that
+    stops growing with the cache (the same block at 32k and 128k: the candidates end at BLOCK_MAX)."""
     args = dict(D=128, G=4, split=1, kvb=2, qb=2, mb=2, sb=2)
     assert stream_plan(STREAM_ABOVE, **args) is None
-    a, c = stream_plan(4096, **args), stream_plan(131072, **args)
-    assert a is not None and c is not None and a[1] == c[1] and a[1] <= 64 * 1024
+    a, c = stream_plan(32768, **args), stream_plan(131072, **args)
+    assert a is not None and a == c and a[1] <= attention.scratch_limit("trn2")
+    choice = attention.choose_stream(131072, **args)
+    fits = [x for x in choice.candidates if x[5]]
+    assert choice.how == "modeled" and (choice.Lb, choice.scratch) == c
+    assert choice.seconds == min(x[2] for x in fits)  # the closed form's fastest of those that fit
     assert stream_plan(256, **args, block=128)[0] == 128
-    assert stream_plan(4100, **args) == a  # not a multiple of 128: the same block, one more short block (issue 15)
+    Lb, _ = stream_plan(4100, **args)  # not a multiple of 128: some block, one more short block (issue 15)
+    assert Lb % 128 == 0 and 4100 % Lb
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_streamed_attention_default_block_at_4k(dtype):
-    """A 4096-position cache streams without forcing (block chosen by stream_plan), one sequence near the end."""
+@pytest.mark.parametrize("block_max", [0, 1024])
+def test_streamed_attention_default_block_at_4k(dtype, block_max, switch):
+    """A 4096-position cache streams without forcing, one sequence near the end, in the block the modeled choice
+    takes (attention.choose_stream; one block of 4096 for one kv head of 64 features: no loop to drain) and, with
+    BLOCK_MAX = 1024, in a hardware loop stepping the block chosen among blocks up to 1024."""
+    if block_max:
+        switch(block_max=block_max)
     L, Hq, Hkv, D = 4096, 2, 1, 64
     b = _program(dtype, [L - 3], L, Hq, Hkv, D)
     gen, res, ref, _ = b.run()
     n, Lb = _v_blocks(nkisim.last_profile(), Hkv, D, dtype)
-    # streamed: V read in several blocks (every position once), in a hardware loop stepping one block
-    assert n == L // Lb and Lb < L and [lp.step for lp in _block_loops(gen.source)] == [Lb]
+    choice = attention.choose_stream(L, D, Hq // Hkv, 1, dtype.itemsize, dtype.itemsize, dtype.itemsize,
+                                     dtype.itemsize if dtype != torch.float32 else 4, target="trn2",
+                                     kv_rows=Hkv * L, exact=dtype != torch.float32)
+    # streamed: V read in blocks of the chosen size (every position once); more than one: a loop stepping one block
+    assert Lb == choice.Lb and n == L // Lb and f"cache positions streamed in blocks of {Lb}" in gen.source
+    assert [lp.step for lp in _block_loops(gen.source)] == ([Lb] if Lb < L else [])
+    if block_max:
+        assert Lb <= block_max < L
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
 
 
@@ -211,10 +228,12 @@ def _executed(name_suffix, opcode):
 
 
 @pytest.mark.parametrize("lnc", [1, 2])
-def test_streamed_softmax_runs_once_per_block_for_all_kv_heads(lnc):
+def test_streamed_softmax_runs_once_per_block_for_all_kv_heads(lnc, switch):
     """The kv heads of a core share one [heads x G, Lb] score tile: each block's exp (and every other softmax
     instruction) runs once over heads x G partitions, not once per kv head, and one K and one V DMA load all the
-    heads' block. 2 sequences x 4 blocks of 256; 4 kv heads x G = 2 (LNC=2: 2 heads per core)."""
+    heads' block. 2 sequences x 4 blocks of 256; 4 kv heads x G = 2 (LNC=2: 2 heads per core); the most row groups
+    (ROW_GROUPS = 4, not the modeled choice)."""
+    switch(row_groups=4)
     L, Hq, Hkv, D = 1024, 8, 4, 64
     b = _program(torch.float32, [L - 1, L - 1], L, Hq, Hkv, D, block=256)
     gen, res, ref, _ = b.run(lnc=lnc)
@@ -358,9 +377,13 @@ def test_prefetched_tiles_count_in_the_budget_of_the_instructions_they_cross(mon
     assert generate(prog).budget.items["instruction scratch (at the peak)"] == base
 
 
-def test_row_groups_choice():
-    """Row groups (attention.ROW_GROUPS): as many as fit 128 rows and divide the block's position tiles, with each
-    group's partitions starting at 0/32/64/96; one for a short first block, paged gathers and K^T by DMA."""
+def test_row_groups_choice(switch):
+    """Row groups the template can run (attention.valid_row_groups; the most of them: row_groups): as many as fit
+    128 rows and divide the block's position tiles, with each group's partitions starting at 0/32/64/96; one for a
+    short first block, paged gathers and K^T by DMA. ROW_GROUPS = N keeps the most up to N."""
+    assert attention.valid_row_groups(8, 8, r=0, paged=False, kt_dma=False) == [1, 2, 4]
+    assert attention.valid_row_groups(64, 8, r=0, paged=False, kt_dma=False) == [1, 2]
+    assert attention.valid_row_groups(8, 2, r=0, paged=False, kt_dma=False) == [1, 2]
     assert row_groups(8, 8, r=0, paged=False, kt_dma=False) == 4  # a TP rank's one kv head: 8 rows -> 32
     assert row_groups(32, 8, r=0, paged=False, kt_dma=False) == 4  # 4 kv heads x 8 -> 128 rows
     assert row_groups(64, 8, r=0, paged=False, kt_dma=False) == 2
@@ -370,6 +393,8 @@ def test_row_groups_choice():
     assert row_groups(8, 8, r=52, paged=False, kt_dma=False) == 1
     assert row_groups(8, 8, r=0, paged=True, kt_dma=False) == 1
     assert row_groups(8, 8, r=0, paged=False, kt_dma=True) == 1
+    switch(row_groups=2)
+    assert attention.valid_row_groups(8, 8, r=0, paged=False, kt_dma=False) == [2]
 
 
 def _assert_row_groups(profile, groups, rows, width, seqs, lnc):
@@ -389,7 +414,7 @@ def test_row_groups_fill_the_partitions_of_a_one_kv_head_core(dtype, lnc, pipe, 
     add nothing), one at a group boundary, one at the end; LNC=2 splits the blocks (one kv head). Within the
     streamed template's tolerance of the reference and of the single-group template."""
 
-    switch(pipeline=pipe)
+    switch(pipeline=pipe, row_groups=4)  # 4 groups whatever the modeled choice for these shapes
     L, Hq, Hkv, D = 4096, 8, 1, 64
     b = _program(dtype, [5, 1279, L - 1], L, Hq, Hkv, D, block=1024)
     gen, res, ref, _ = b.run(lnc=lnc)
@@ -403,9 +428,10 @@ def test_row_groups_fill_the_partitions_of_a_one_kv_head_core(dtype, lnc, pipe, 
 
 
 @pytest.mark.parametrize("lnc", [1, 2])
-def test_row_groups_with_heads_of_256_and_soft_capping(lnc):
+def test_row_groups_with_heads_of_256_and_soft_capping(lnc, switch):
     """Row groups with heads of 256 features (two partition tiles per head: q.k^T accumulates over them, the fold
     moves 257 columns) and Gemma 2's soft-capping, bf16, one kv head (LNC=2: the block split)."""
+    switch(row_groups=4)
     L, Hq, Hkv, D = 4096, 8, 1, 256
     b = _program(torch.bfloat16, [5, 2000, L - 1], L, Hq, Hkv, D, block=1024, softcap=30.0)
     gen, res, ref, _ = b.run(lnc=lnc)

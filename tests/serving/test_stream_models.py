@@ -196,16 +196,21 @@ def test_full_size_131k_builds_and_profiles_within_sbuf(model):
 
 def test_bench_serving_attention_switches(monkeypatch):
     """``bench_serving.py --attention``: the A/B switches of the streamed template (docs/serving.md's figures with
-    the one-block-at-a-time loop / K^T by DMA) become exactly the named attn_* options and refuse anything else;
-    the JSON records every switch."""
-    for name in ("PIPELINE", "KT_BY_DMA", "PREFETCH", "ROW_GROUPS"):
+    the one-block-at-a-time loop / K^T by DMA / forced blocks and row groups) become exactly the named attn_*
+    options and refuse anything else; the JSON records every switch."""
+    for name in ("PIPELINE", "KT_BY_DMA", "PREFETCH", "ROW_GROUPS", "BLOCK", "BLOCK_MAX"):
         monkeypatch.delenv(f"FUSEGRAPH_ATTN_{name}", raising=False)
     bench = bench_serving()
     assert bench.attention_options("") == {}
-    assert bench.attention_flags({}) == {"PIPELINE": True, "KT_BY_DMA": False, "PREFETCH": True, "ROW_GROUPS": 4}
-    opts = bench.attention_options("PIPELINE=0,KT_BY_DMA=1,PREFETCH=0,ROW_GROUPS=1")
-    assert opts == {"attn_pipeline": False, "attn_kt_by_dma": True, "attn_prefetch": False, "attn_row_groups": 1}
-    assert bench.attention_flags(opts) == {"PIPELINE": False, "KT_BY_DMA": True, "PREFETCH": False, "ROW_GROUPS": 1}
-    for bad in ("STREAM_ABOVE=1", "PIPELINE=yes", "ROW_GROUPS=3"):
+    assert bench.attention_flags({}) == {"PIPELINE": True, "KT_BY_DMA": False, "PREFETCH": True, "ROW_GROUPS": 0,
+                                         "BLOCK": 0, "BLOCK_MAX": 8192}
+    opts = bench.attention_options("PIPELINE=0,KT_BY_DMA=1,PREFETCH=0,ROW_GROUPS=1,BLOCK=2048,BLOCK_MAX=4096")
+    assert opts == {"attn_pipeline": False, "attn_kt_by_dma": True, "attn_prefetch": False, "attn_row_groups": 1,
+                    "attn_block": 2048, "attn_block_max": 4096}
+    assert bench.attention_flags(opts) == {"PIPELINE": False, "KT_BY_DMA": True, "PREFETCH": False, "ROW_GROUPS": 1,
+                                           "BLOCK": 2048, "BLOCK_MAX": 4096}
+    for bad in ("STREAM_ABOVE=1", "PIPELINE=yes", "ROW_GROUPS=3", "BLOCK=100", "BLOCK_MAX=0", "BLOCK=x"):
         with pytest.raises(SystemExit):
             bench.attention_options(bad)
+    assert bench.blocks_label([{"block": 1024, "row_groups": 2, "how": "modeled"}] * 2) == "1024x2"
+    assert bench.blocks_label([]) == "-"

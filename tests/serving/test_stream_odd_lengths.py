@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fusegraph import nkisim
-from fusegraph.patterns.attention.lowering import block_starts, stream_plan
+from fusegraph.patterns.attention.lowering import block_starts, choose_stream, scratch_limit, stream_plan
 from fusegraph.perf.kernelview import parse_source
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -49,7 +49,7 @@ def test_stream_plan_takes_every_length():
     args = dict(D=128, G=4, split=1, kvb=2, qb=2, mb=2, sb=2)
     for L in (2049, 2100, 4000, 5000, 131071):
         Lb, scratch = stream_plan(L, **args)
-        assert Lb % 128 == 0 and Lb <= L and scratch <= 64 * 1024
+        assert Lb % 128 == 0 and Lb <= L and scratch <= scratch_limit("trn2")
         Lb2, _ = stream_plan(L, **args, pos_split=True)
         assert L // Lb2 >= 2  # a block split needs a full block per core
 
@@ -61,18 +61,24 @@ def test_odd_length_cache_streams_by_default(dtype, lnc):
     read as the multiple of 128 above r; sequences in the short block, on its last position, just after it, in the
     middle and at the end. LNC=2 splits the heads."""
     L, Hq, Hkv, D = 2100, 4, 2, 64
-    # the block depends on the scratch (dtype, heads per core): 1024 or 2048 (r = 52), 1536 (r = 564)
-    b = _program(dtype, [5, 51, 52, 563, 564, 1500, L - 1], L, Hq, Hkv, D)
+    # the block is the modeled choice (dtype, heads per core): any block leaving a short first block of r positions;
+    # the sequences sit inside it, on its last position, just after it, at the end of its read (Lr) and past it
+    heads = Hkv // lnc
+    sb = dtype.itemsize if dtype != torch.float32 else 4
+    choice = choose_stream(L, D, Hq // Hkv, 1, dtype.itemsize, dtype.itemsize, dtype.itemsize, sb, heads=heads,
+                           target="trn2", kv_rows=Hkv * L, exact=dtype != torch.float32)
+    r0 = L % choice.Lb
+    Lr0 = -(-r0 // 128) * 128
+    b = _program(dtype, [5, r0 - 1, r0, Lr0 - 1, Lr0, (L + Lr0) // 2, L - 1], L, Hq, Hkv, D)
     gen, res, ref, kern = b.run(lnc=lnc)
     prof = nkisim.last_profile()
     Lb, r = _block_and_rest(gen.source)
     Lr = -(-r // 128) * 128
     # the short block's mask is written in the early read of sequence 0 (attention.PREFETCH) and the others' read:
     # two sites, once per sequence on each core, its Lr - r positions past r
-    assert Lb in (1024, 1536, 2048) and r == L % Lb
+    assert Lb == choice.Lb and r == L % Lb > 5
     assert _odd_masks(prof) == (2, lnc * 7, {Lr - r})
     # V read as blocks of Lr positions (the short block) and of Lb
-    heads = Hkv // lnc
     assert sorted({d.max_bytes // (heads * D * dtype.itemsize) for d in prof.named_dmas(".vload")}) == [Lr, Lb]
     _check(b, gen, res, ref, Hq, Hkv, D, dtype)
     assert torch.equal(kern["k_cache"], ref["k_cache"]) and torch.equal(kern["v_cache"], ref["v_cache"])

@@ -19,8 +19,9 @@ the ``*ForCausalLM`` classes and a few older names such as ``GPT2LMHeadModel``),
    ``add_cross_attention`` switch, so its layers cross-attend by construction (TrOCR, Mllama's text model).
    Decoders where cross-attention is an option that is off by default (GPT-2, XGLM) are not this kind.
 3. ``encoder as decoder``: one of the class's model types also has a masked-LM head in transformers
-   (``MODEL_FOR_MASKED_LM_MAPPING_NAMES``): a bidirectional encoder family (BERT, RoBERTa, XLM, ...) that the
-   causal-LM class runs with a causal mask (the tiny builder sets ``is_decoder`` / XLM's ``causal``).
+   (``MODEL_FOR_MASKED_LM_MAPPING_NAMES``), or the config's ``is_decoder`` defaults to False while ``forward``
+   takes ``encoder_hidden_states`` (BertGeneration): a bidirectional encoder family (BERT, RoBERTa, XLM, ...)
+   that the causal-LM class runs with a causal mask (the tiny builder sets ``is_decoder`` / XLM's ``causal``).
 4. ``decoder`` otherwise.
 
 **State** (:func:`state_of`, from the class and the tiny config): ``none`` when ``forward`` takes no cache or
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 import re
 from dataclasses import dataclass
@@ -97,30 +99,48 @@ def family_name(class_name: str) -> str:
     return class_name[: -len("ForCausalLM")] if class_name.endswith("ForCausalLM") else class_name
 
 
-def discover() -> list[Family]:
-    """Every class of transformers' causal-LM auto mapping (deduplicated by class), classified."""
-    import transformers
+def causal_lm_classes() -> dict[str, tuple[str, ...]]:
+    """Class name -> its model types, for every class of transformers' causal-LM auto mapping (in mapping order)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     by_class: dict[str, list[str]] = {}
     for model_type, cls_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
         by_class.setdefault(cls_name, []).append(model_type)
-    out = []
-    for cls_name, types in by_class.items():
-        cls = getattr(transformers, cls_name, None)
-        if cls is None:  # listed in the mapping but not importable here (a missing optional dependency)
-            out.append(Family(family_name(cls_name), cls_name, tuple(types), "decoder", "class not importable"))
-            continue
-        kind, rule = classify(cls, types)
-        out.append(Family(family_name(cls_name), cls_name, tuple(types), kind, rule))
-    return out
+    return {k: tuple(v) for k, v in by_class.items()}
+
+
+def _family(cls_name: str, types: tuple[str, ...]) -> Family:
+    import transformers
+
+    cls = getattr(transformers, cls_name, None)
+    if cls is None:  # listed in the mapping but not importable here (a missing optional dependency)
+        return Family(family_name(cls_name), cls_name, types, "decoder", "class not importable")
+    kind, rule = classify(cls, types)
+    return Family(family_name(cls_name), cls_name, types, kind, rule)
+
+
+@functools.lru_cache(maxsize=None)
+def _discover() -> tuple[Family, ...]:
+    return tuple(_family(c, t) for c, t in causal_lm_classes().items())
+
+
+def discover() -> list[Family]:
+    """Every class of transformers' causal-LM auto mapping (deduplicated by class), classified."""
+    return list(_discover())
 
 
 def find(name: str, families: list[Family] | None = None) -> Family:
-    """The family named ``name``: its family name, class name or one of its model types (case-insensitive)."""
-    for f in families or discover():
-        if name.lower() in (f.name.lower(), f.class_name.lower(), *(t.lower() for t in f.model_types)):
-            return f
+    """The family named ``name``: its family name, class name or one of its model types (case-insensitive).
+    Classifies only that family unless ``families`` is given."""
+    key = name.lower()
+    if families is not None:
+        for f in families:
+            if key in (f.name.lower(), f.class_name.lower(), *(t.lower() for t in f.model_types)):
+                return f
+    else:
+        for cls_name, types in causal_lm_classes().items():
+            if key in (family_name(cls_name).lower(), cls_name.lower(), *(t.lower() for t in types)):
+                return _family(cls_name, types)
     raise KeyError(f"no causal-LM family {name!r} in this transformers")
 
 
@@ -160,6 +180,8 @@ def classify(cls: type, model_types: list[str] | tuple[str, ...]) -> tuple[str, 
     masked = [t for t in model_types if t in MODEL_FOR_MASKED_LM_MAPPING_NAMES]
     if masked:
         return "encoder as decoder", f"{masked[0]} has a masked-LM head"
+    if fields.get("is_decoder") is False and "encoder_hidden_states" in params:
+        return "encoder as decoder", "is_decoder defaults to False, forward takes encoder_hidden_states"
     return "decoder", "none of the above"
 
 

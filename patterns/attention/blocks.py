@@ -150,23 +150,26 @@ class StreamShape:
 
 
 def sbuf_bytes(s: StreamShape) -> int:
-    """SBUF bytes per partition of the streamed template, each tile once (the module docstring says why).
+    """SBUF bytes per partition of the streamed template at its peak, each tile once (the module docstring says why).
 
-    The loop body's tiles (live together for the whole loop): K (``[128, HC, nb, D]``, not with K^T by DMA), V,
-    K^T (``[P, split, HC, Lb]``), the mask, score and probability tiles (``[RR, Lb / pg]``, the pipelined loop's
-    carried score tile being the one score tile), the running state (``acc`` ``[RR, D]`` fp32 and six ``[RR, 1]``
-    fp32 columns); allocated once per kernel or per head group: the zero-padded P^T (``[128, HC, nb, RR]``) and q
-    (``[P, split, HC, pg, RR]``). After the loop, instead of K, V and K^T: the LNC=2 combine's two ``[RR, D + 2]``
-    states, the fold's ``[RR, D + 1]`` and ``[1, RR]`` tiles and the ``[R, D]`` output -- counted on top (a few
-    hundred bytes more than the interpreter's peak, never less)."""
+    The peak is inside the block loop: its body's tiles, live together for the whole loop -- K (``[128, HC, nb,
+    D]``, not with K^T by DMA), V, K^T (``[P, split, HC, Lb]``), the mask, score and probability tiles (``[RR, Lb /
+    pg]``; the pipelined loop's carried score tile is the one score tile), the running state (``acc`` ``[RR, D]``
+    fp32 and six ``[RR, 1]`` fp32 columns: -max, sum, block max, alpha, block sum, the pipelined loop's carried
+    block max) -- and
+    the zero-padded P^T (``[128, HC, nb, RR]``) and q (``[P, split, HC, pg, RR]``). After the loop K, V, K^T, P^T
+    and q are dead; what follows (the LNC=2 combine's two ``[RR, D + 2]`` states, the fold's ``[RR, D + 1]`` and
+    ``[1, RR]`` tiles, the ``[R, D]`` output) is counted when it is larger (never for a block of 128 or more).
+    The interpreter's SBUF peak moves with this figure byte for byte (``tests/serving/test_stream_choice.py``)."""
     nb, RR = s.nb, s.RR
     k = 0 if s.kt_dma else s.HC * nb * s.D * s.kvb
     v = s.HC * nb * s.D * s.kvb
     kT = s.split * s.HC * s.Lb * s.kvb
-    per_block = k + v + kT + s.bW * (s.mb + s.sb + s.qb) + s.D * 4 + 6 * 4
-    once = s.HC * nb * RR * s.qb + s.split * s.HC * s.pg * RR * s.qb
-    after = (2 * (s.D + 2) * 4 if s.pos_split else 0) + ((s.D + 1) * 4 + 2 * RR * 4 if s.pg > 1 else 0) + s.D * s.qb
-    return per_block + once + after
+    state = s.D * 4 + (6 if s.pipe else 5) * 4  # the carried block max only in the pipelined loop
+    loop = k + v + kT + s.bW * (s.mb + s.sb + s.qb) + state + s.HC * nb * RR * s.qb + s.split * s.HC * s.pg * RR * s.qb
+    after = state + (2 * (s.D + 2) * 4 if s.pos_split else 0) + ((s.D + 1) * 4 + 2 * RR * 4 if s.pg > 1 else 0) \
+        + s.D * s.qb
+    return max(loop, after)
 
 
 def psum_sites(s: StreamShape) -> list[int]:
@@ -179,11 +182,12 @@ def psum_sites(s: StreamShape) -> list[int]:
     return kT + scores + pT + [s.D * 4]
 
 
-def psum_banks(s: StreamShape) -> int:
+def psum_banks(s: StreamShape, unroll: int = 1) -> int:
     """Banks the body's PSUM sites take when packed first-fit in allocation order, all live at once (a site is
-    one tile for the whole loop, see :func:`psum_sites`); more than :data:`PSUM_BANKS` means it does not fit."""
+    one tile for the whole loop, see :func:`psum_sites`); more than :data:`PSUM_BANKS` means it does not fit.
+    ``unroll``: a body holding that many blocks, each with its own sites."""
     banks: list[int] = []
-    for n in psum_sites(s):
+    for n in psum_sites(s) * unroll:
         if n > PSUM_BANK_BYTES:
             banks += [PSUM_BANK_BYTES] * (n // PSUM_BANK_BYTES) + ([n % PSUM_BANK_BYTES] if n % PSUM_BANK_BYTES else [])
             continue

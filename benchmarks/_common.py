@@ -19,11 +19,19 @@ def run_isolated(module: str, func: str, *args: str, timeout: int = 1800) -> dic
 
 
 def run_isolated_partial(module: str, func: str, *args: str, timeout: int = 1800,
-                         partial_env: str = "BENCH_PARTIAL") -> dict[str, Any]:
+                         partial_env: str = "BENCH_PARTIAL", cpu_limit: int | None = None) -> dict[str, Any]:
     """:func:`run_isolated` that never raises: the child may write its row so far (JSON) to the file named by
     ``$partial_env`` as it goes; on a timeout or a failed process that row comes back with ``failure`` saying
-    what stopped it (``timeout after N s`` or ``crash: <last stderr line>``)."""
+    what stopped it (``timeout after N s`` or ``crash: <last stderr line>``). ``cpu_limit`` caps the child's CPU
+    seconds (``RLIMIT_CPU``: a limit that does not depend on how loaded a shared machine is; ``timeout`` stays
+    the wall-clock backstop); a child stopped by it comes back as ``timeout after N s of CPU``."""
+    import resource
+    import signal
     import tempfile
+
+    def limit_cpu() -> None:
+        if cpu_limit:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_limit, cpu_limit + 5))
 
     fd, path = tempfile.mkstemp(prefix="bench-partial-", suffix=".json")
     os.close(fd)
@@ -32,11 +40,14 @@ def run_isolated_partial(module: str, func: str, *args: str, timeout: int = 1800
     failure = None
     try:
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-                           env=env)
+                           env=env, preexec_fn=limit_cpu if cpu_limit else None)
         if r.returncode == 0:
             return json.loads(r.stdout.strip().splitlines()[-1])
         tail = [line for line in r.stderr.strip().splitlines() if line.strip()]
-        failure = f"crash: exit {r.returncode}: {tail[-1][:240] if tail else 'no stderr'}"
+        if cpu_limit and r.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+            failure = f"timeout after {cpu_limit} s of CPU"
+        else:
+            failure = f"crash: exit {r.returncode}: {tail[-1][:240] if tail else 'no stderr'}"
     except subprocess.TimeoutExpired:
         failure = f"timeout after {timeout} s"
     finally:

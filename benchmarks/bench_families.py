@@ -11,7 +11,8 @@ none), both derived from the class and its config (the rules are in that module'
 population is ``target``: decoders with a KV cache (kv or hybrid). ``--families`` selects a subset (family
 names, class names or model types).
 
-Each (family, tied) runs in a fresh process (``--timeout`` seconds each, default 300) under
+Each (family, tied) runs in a fresh process (at most ``--timeout`` CPU seconds each, default 300; a
+wall-clock backstop of ``--wall-factor`` times that) under
 :func:`fusegraph.models.families.build_case`: the family's config class defaults shrunk to tiny sizes (hidden
 256, 2 layers or the fewest holding every layer kind, 8 experts top-2, ...), random weights (seed 0), MoE
 routers spread, embeddings tied or not (``tie_word_embeddings``), the prompt prefilled eagerly into a
@@ -48,7 +49,7 @@ PARTIAL_ENV = "FUSEGRAPH_BENCH_PARTIAL"
 #: (class, pattern over first_reason): the first that matches names the failure class of a row (the histogram)
 REASON_CLASSES: list[tuple[str, str]] = [
     ("build: transformers cannot build tiny", r"^cannot build tiny"),
-    ("timeout", r"^timeout"),
+    ("timeout (CPU limit)", r"^timeout"),
     ("crash (process died)", r"^crash"),
     ("tokens differ from eager", r"^tokens differ"),
     ("capture refusal", r"refus(ed|es) (the |this )?graph|graph \d+: .*running it eagerly|capture failed"),
@@ -261,7 +262,10 @@ def main() -> None:
     ap.add_argument("--steps", default="6", help="greedy steps (>= 6: the verified first one and 5 more)")
     ap.add_argument("--tied", choices=("both", "tied", "untied"), default="both",
                     help="embeddings tied to the lm head, untied, or each family both ways (default)")
-    ap.add_argument("--timeout", type=int, default=300, help="seconds per (family, tied) process")
+    ap.add_argument("--timeout", type=int, default=300,
+                    help="CPU seconds per (family, tied) process (RLIMIT_CPU: the same on a loaded machine)")
+    ap.add_argument("--wall-factor", type=int, default=6,
+                    help="wall-clock backstop per process: this many times --timeout (default 6)")
     ap.add_argument("--jobs", type=int, default=1, help="processes at a time (default 1)")
     ap.add_argument("--out", default="bench-results/families.json")
     ap.add_argument("--summarize", metavar="JSON", help="print the table and summary of an earlier run and exit")
@@ -283,8 +287,8 @@ def main() -> None:
     def run_one(fam: str, tied: str) -> dict:
         t = time.perf_counter()
         base = {"family": fam, "class": by_name[fam].class_name, "kind": by_name[fam].kind, "tied": tied == "1"}
-        r = run_isolated_partial("bench_families", "measure", fam, args.steps, tied, timeout=args.timeout,
-                                 partial_env=PARTIAL_ENV)
+        r = run_isolated_partial("bench_families", "measure", fam, args.steps, tied, cpu_limit=args.timeout,
+                                 timeout=args.timeout * args.wall_factor, partial_env=PARTIAL_ENV)
         r = {**base, **r}
         if r.get("failure"):  # timeout or a dead process: what the child had recorded, and why it stopped
             r["first_reason"] = r["failure"]

@@ -133,14 +133,15 @@ def find(name: str, families: list[Family] | None = None) -> Family:
     """The family named ``name``: its family name, class name or one of its model types (case-insensitive).
     Classifies only that family unless ``families`` is given."""
     key = name.lower()
-    if families is not None:
-        for f in families:
-            if key in (f.name.lower(), f.class_name.lower(), *(t.lower() for t in f.model_types)):
-                return f
-    else:
-        for cls_name, types in causal_lm_classes().items():
-            if key in (family_name(cls_name).lower(), cls_name.lower(), *(t.lower() for t in types)):
-                return _family(cls_name, types)
+    entries = ([(f.class_name, f.model_types, f) for f in families] if families is not None
+               else [(c, t, None) for c, t in causal_lm_classes().items()])
+    # a family name first ("Gemma3": Gemma3ForCausalLM), then a class name, then a model type ("gemma3" is
+    # Gemma3ForConditionalGeneration's)
+    for match in (lambda c, t: family_name(c).lower() == key, lambda c, t: c.lower() == key,
+                  lambda c, t: key in (x.lower() for x in t)):
+        for cls_name, types, fam in entries:
+            if match(cls_name, types):
+                return fam if fam is not None else _family(cls_name, types)
     raise KeyError(f"no causal-LM family {name!r} in this transformers")
 
 

@@ -17,13 +17,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..capture.lower import to_aten
 from . import layout_idioms, stacked
 from .emit import Emitter, HANDLERS, sorted_contraction
 from .ir import Function, Module, Op, UnsupportedOp, Value
 from .parse import parse_module
-from .values import ExpertWeight, Stacked, Transposed, torch_dtype
+from .values import ExpertWeight, Stacked, Transposed, materialize, stacked_tensor, torch_dtype
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,6 @@ class ImportedGraph:
             else:
                 sd, perm = o.split
                 keys = stacked.part_keys(o.shape, sd)
-                from .values import stacked_tensor
-
                 with torch.no_grad():
                     out.append(stacked_tensor(Stacked(dict(zip(keys, outs[pos:pos + len(keys)])), o.shape, sd, perm)))
             pos += o.count
@@ -163,8 +162,6 @@ def _tensor_of(arr: np.ndarray, dtype: str) -> torch.Tensor:
 def _fold(module: Module, cone: list[Op], value: Value) -> torch.Tensor:
     """Evaluate a constant-only value now, with the same PyTorch calls the traced graph would make on CPU (so
     the folded tensor is exactly what the unfolded graph computes)."""
-    from .values import materialize
-
     buffers = {}
     for op in cone:
         if op.name == "stablehlo.constant":
@@ -235,8 +232,6 @@ def import_stablehlo(source: Any, *, arg_kinds: Sequence[str] | None = None,
 
     Raises :class:`~.ir.UnsupportedOp` naming the first op (or op form) it cannot translate.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     module = source if isinstance(source, Module) else parse_module(source)
     missing = unsupported_ops(module)
     if missing:
@@ -248,31 +243,59 @@ def import_stablehlo(source: Any, *, arg_kinds: Sequence[str] | None = None,
     if len(kinds) != n:
         raise ValueError(f"{len(kinds)} argument kinds for {n} arguments")
     names = list(arg_names) if arg_names is not None else [f"arg{i}" for i in range(n)]
-    inputs: list[ImportedInput] = []
-    splits: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    expert_args: dict[int, tuple] = {}  # argument -> ("gate_up", up arg) | ("up", gate arg) | ("down",)
+    expert_args = _expert_arguments(module, fn, kinds)
+    inputs, splits = _argument_inputs(fn, kinds, names, aliases, expert_args, transpose_weights)
+    consts = _constants(module)
+    inputs += _constant_inputs(consts)
+    tables, folded = _rope_tables(module)
+    inputs += [ImportedInput(name=f"inv_freq{k}", kind="buffer", shape=tuple(value.shape), dtype=value.dtype,
+                             value=value) for k, value in enumerate(folded)]
+    outputs = _imported_outputs(fn, inputs, aliases, splits)
+    step = _Step(module, fn, inputs, outputs, splits, expert_args, consts, tables)
+    mode = FakeTensorMode()
+    with mode:
+        fake = [torch.empty(spec.shape, dtype=spec.dtype) for spec in inputs]
+    gm = to_aten(step, fake, fake_mode=mode)
+    _direct_state_writes(gm)
+    counts: dict[str, int] = {}
+    for name in module.op_names():
+        counts[name] = counts.get(name, 0) + 1
+    log.debug("imported StableHLO: %d ops -> %d ATen ops", sum(counts.values()),
+              sum(1 for nd in gm.graph.nodes if nd.op == "call_function"))
+    return ImportedGraph(gm=gm, inputs=inputs, outputs=outputs, module=module, stablehlo_ops=sum(counts.values()),
+                         op_counts=counts)
+
+
+def _expert_arguments(module: Module, fn: Function, kinds: list[str]) -> dict[int, tuple]:
+    """keras-hub's dense MoE expert weights, when all three are weights: argument -> ``("gate_up", up arg)`` |
+    ``("up", gate arg)`` | ``("down",)``. The graph receives them in HF's layout (gate and up fused), so the
+    torch path's expert patterns match them."""
+    expert_args: dict[int, tuple] = {}
     index_of = {id(v): i for i, v in enumerate(fn.body.args)}
     for e in layout_idioms.dense_experts(module):
         g, u, d = index_of[id(e.gate)], index_of[id(e.up)], index_of[id(e.down)]
         if all(kinds[a] == "weight" for a in (g, u, d)):
             expert_args.update({g: ("gate_up", u), u: ("up", g), d: ("down",)})
+    return expert_args
+
+
+def _argument_inputs(fn: Function, kinds: list[str], names: list[str], aliases: dict[int, int],
+                     expert_args: dict[int, tuple], transpose_weights: bool
+                     ) -> tuple[list[ImportedInput], dict[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """The graph inputs of the function's arguments, in argument order: expert weights in HF's layout (the up
+    weight inside the gate's), a stacked state argument as one input per part (returned in ``splits``: argument
+    -> (stack dims, perm)), a weight a linear contracts presented transposed as one [N, K] matrix."""
+    inputs: list[ImportedInput] = []
+    splits: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for i, v in enumerate(fn.body.args):
         if i in expert_args:
-            how = expert_args[i]
-            if how[0] == "up":
-                continue  # part of the gate's fused input
-            e_, h_, i_ = v.type.shape if how[0] == "gate_up" else (v.type.shape[0], v.type.shape[2], v.type.shape[1])
-            shape = (e_, 2 * i_, h_) if how[0] == "gate_up" else (e_, h_, i_)
-            inputs.append(ImportedInput(name=names[i] if how[0] == "down" else f"{names[i]}+{names[how[1]]}",
-                                        kind="weight", shape=shape, dtype=torch_dtype(v.type, "argument"), arg=i,
-                                        arg_shape=v.type.shape, experts=how))
+            if expert_args[i][0] != "up":  # the up weight is part of the gate's fused input
+                inputs.append(_expert_input(i, v, names, expert_args[i]))
             continue
         kind = "state" if i in aliases and kinds[i] != "weight" else kinds[i]
         if kind == "state" and i not in aliases:
             kind = "step"  # nothing is written back into it: an ordinary input
-        layout = stacked.split_layout(v) if kind == "state" else None
-        if layout is not None and fn.body.returns[aliases[i]].type.shape != v.type.shape:
-            layout = None  # its result is not the same stacked cache: keep it whole
+        layout = _stacked_layout(fn, i, v, aliases) if kind == "state" else None
         if layout is not None:  # a stacked KV cache: one state input per part
             splits[i] = layout
             sd, perm = layout
@@ -288,15 +311,43 @@ def import_stablehlo(source: Any, *, arg_kinds: Sequence[str] | None = None,
             shape = (math.prod(v.type.shape[c:]), math.prod(v.type.shape[:c]))
         inputs.append(ImportedInput(name=names[i], kind=kind, shape=shape, dtype=torch_dtype(v.type, "argument"),
                                     arg=i, transpose=c is not None, contract=c or 0, arg_shape=v.type.shape))
-    consts = _constants(module)
+    return inputs, splits
+
+
+def _expert_input(i: int, v: Value, names: list[str], how: tuple) -> ImportedInput:
+    """The input of expert weight argument ``i``: ``[E, 2I, H]`` gate+up from gate and up ``[E, H, I]``, or
+    ``[E, H, I]`` down from ``[E, I, H]`` (see :func:`experts_weight`)."""
+    e_, h_, i_ = v.type.shape if how[0] == "gate_up" else (v.type.shape[0], v.type.shape[2], v.type.shape[1])
+    shape = (e_, 2 * i_, h_) if how[0] == "gate_up" else (e_, h_, i_)
+    return ImportedInput(name=names[i] if how[0] == "down" else f"{names[i]}+{names[how[1]]}",
+                         kind="weight", shape=shape, dtype=torch_dtype(v.type, "argument"), arg=i,
+                         arg_shape=v.type.shape, experts=how)
+
+
+def _stacked_layout(fn: Function, i: int, v: Value,
+                    aliases: dict[int, int]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """How state argument ``i`` splits into per-layer parts (see :mod:`.stacked`), or None to keep it whole: not
+    stacked, or its aliased result is not the same stacked cache."""
+    layout = stacked.split_layout(v)
+    if layout is not None and fn.body.returns[aliases[i]].type.shape != v.type.shape:
+        return None
+    return layout
+
+
+def _constant_inputs(consts: list[Op]) -> list[ImportedInput]:
+    """One buffer input per non-splat constant (``constant<k>``), holding its data."""
+    inputs = []
     for k, c in enumerate(consts):
         t = c.result.type
         inputs.append(ImportedInput(name=f"constant{k}", kind="buffer", shape=t.shape, dtype=torch_dtype(t, c.name),
                                     value=_tensor_of(c.attrs["value"], t.dtype)))
-    tables, folded = _rope_tables(module)
-    for k, value in enumerate(folded):
-        inputs.append(ImportedInput(name=f"inv_freq{k}", kind="buffer", shape=tuple(value.shape), dtype=value.dtype,
-                                    value=value))
+    return inputs
+
+
+def _imported_outputs(fn: Function, inputs: list[ImportedInput], aliases: dict[int, int],
+                      splits: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]) -> list[ImportedOutput]:
+    """The function's results; one aliased to a state argument is written back into it (as its parts when that
+    argument is split and the result has its whole shape)."""
     outputs = [ImportedOutput(dtype=v.type.dtype, shape=v.type.shape) for v in fn.body.returns]
     arg_kind = {spec.arg: spec.kind for spec in inputs if spec.arg is not None}
     for arg, out in aliases.items():
@@ -304,37 +355,67 @@ def import_stablehlo(source: Any, *, arg_kinds: Sequence[str] | None = None,
             outputs[out].state_of = arg
             if arg in splits and outputs[out].shape == fn.body.args[arg].type.shape:
                 outputs[out].split = splits[arg]
-    n_in = sum(1 for spec in inputs if spec.arg is not None)
-    tables_of = {id(t.op): t for t in tables}
-    table_keys = {id(t.op): key for t, key in tables.items()}
+    return outputs
 
-    def step(*tensors: torch.Tensor) -> tuple:
-        args: list = []
+
+class _Step:
+    """The function :func:`import_stablehlo` traces: graph inputs in, the StableHLO function run by the
+    :class:`~.emit.Emitter` on them (argument values rebuilt from the inputs), results out, state results
+    written back into their inputs with ``copy_`` (what functionalized in-place cache updates look like)."""
+
+    def __init__(self, module: Module, fn: Function, inputs: list[ImportedInput], outputs: list[ImportedOutput],
+                 splits: dict[int, tuple[tuple[int, ...], tuple[int, ...]]], expert_args: dict[int, tuple],
+                 consts: list[Op], tables: dict) -> None:
+        self.module = module
+        self.fn = fn
+        self.inputs = inputs
+        self.outputs = outputs
+        self.splits = splits
+        self.expert_args = expert_args
+        self.consts = consts
+        self.n_in = sum(1 for spec in inputs if spec.arg is not None)
+        self.tables_of = {id(t.op): t for t in tables}
+        self.table_keys = {id(t.op): key for t, key in tables.items()}
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple:
+        """The graph's outputs for its inputs ``tensors`` (argument inputs, then constants, then rotary tables)."""
+        n_in = self.n_in
         positions: dict[int, list[int]] = {}
-        for pos, (t, spec) in enumerate(zip(tensors[:n_in], inputs[:n_in])):
+        for pos, (t, spec) in enumerate(zip(tensors[:n_in], self.inputs[:n_in])):
             positions.setdefault(spec.arg, []).append(pos)
-        for i in range(n):
-            if i in expert_args:
-                how = expert_args[i]
+        args = self.arguments(tensors, positions)
+        buffers = {id(c): t for c, t in zip(self.consts, tensors[n_in:])}
+        em = Emitter(self.module, buffers)
+        em.tables = {op_id: (key, self.tables_of[op_id], tensors[n_in + len(self.consts) + key[0]]) for op_id, key in
+                     self.table_keys.items()}
+        return self.results(em.run(self.fn, args), tensors, positions)
+
+    def arguments(self, tensors: Sequence[torch.Tensor], positions: dict[int, list[int]]) -> list:
+        """The function's argument values from the graph inputs (``positions``: argument -> its inputs): expert
+        weights, stacked caches and transposed weights as the value types the emitter reads them through."""
+        args: list = []
+        for i in range(len(self.fn.body.args)):
+            if i in self.expert_args:
+                how = self.expert_args[i]
                 source = i if how[0] != "up" else how[1]
                 kind = {"gate_up": "gate", "up": "up", "down": "down"}[how[0]]
                 args.append(ExpertWeight(tensors[positions[source][0]], kind))
                 continue
-            spec = inputs[positions[i][0]]
-            if i in splits:
-                sd, perm = splits[i]
-                args.append(Stacked({inputs[p].part: tensors[p] for p in positions[i]}, spec.arg_shape, sd, perm))
+            spec = self.inputs[positions[i][0]]
+            if i in self.splits:
+                sd, perm = self.splits[i]
+                args.append(Stacked({self.inputs[p].part: tensors[p] for p in positions[i]}, spec.arg_shape, sd, perm))
             else:
                 t = tensors[positions[i][0]]
                 args.append(Transposed(t, spec.arg_shape) if spec.transpose else t)
-        buffers = {id(c): t for c, t in zip(consts, tensors[n_in:])}
-        em = Emitter(module, buffers)
-        em.tables = {op_id: (key, tables_of[op_id], tensors[n_in + len(consts) + key[0]]) for op_id, key in
-                     table_keys.items()}
-        from .values import materialize
+        return args
 
+    def results(self, values: Sequence[Any], tensors: Sequence[torch.Tensor],
+                positions: dict[int, list[int]]) -> tuple:
+        """The graph outputs from the function's results: a split state result as its parts, each state result
+        copied into its input(s) unless it already is that tensor."""
         results: list[torch.Tensor] = []
-        for k, (r, out) in enumerate(zip(em.run(fn, args), outputs)):
+        for r, out in zip(values, self.outputs):
             if out.split is not None:
                 sd, perm = out.split
                 for p, part in zip(positions[out.state_of], stacked.split_value(r, out.shape, sd, perm)):
@@ -347,16 +428,3 @@ def import_stablehlo(source: Any, *, arg_kinds: Sequence[str] | None = None,
                 tensors[positions[out.state_of][0]].copy_(t)
             results.append(t)
         return tuple(results)
-
-    mode = FakeTensorMode()
-    with mode:
-        fake = [torch.empty(spec.shape, dtype=spec.dtype) for spec in inputs]
-    gm = to_aten(step, fake, fake_mode=mode)
-    _direct_state_writes(gm)
-    counts: dict[str, int] = {}
-    for name in module.op_names():
-        counts[name] = counts.get(name, 0) + 1
-    log.debug("imported StableHLO: %d ops -> %d ATen ops", sum(counts.values()),
-              sum(1 for nd in gm.graph.nodes if nd.op == "call_function"))
-    return ImportedGraph(gm=gm, inputs=inputs, outputs=outputs, module=module, stablehlo_ops=sum(counts.values()),
-                         op_counts=counts)

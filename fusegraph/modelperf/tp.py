@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -34,7 +35,6 @@ import torch
 from ..api.kernel import CapturedStep, capture_callable
 from ..codegen.api import position_assumption
 from ..models.kv_replication import replicated_kv_config
-from ..patterns.attention.lowering import stream_choices
 from ..perf import baselines
 from ..perf.analysis import one_line_reason, profile_program0
 from ..perf.costmodel import collective_time, estimate_kernel, spans_chips
@@ -440,6 +440,11 @@ def rank_min_bytes(config: dict[str, Any], cache_len: int, batch: int, tp: int) 
     return {"weight_bytes": w / tp, "kv_bytes": kv / tp, "total_bytes": (w + kv) / tp}
 
 
+#: a streamed attention's kernel comment on its block and row groups (the op's ``StreamChoice.note``; the core
+#: reads the kernel, it does not import the op: tests/test_import_layering.py)
+_ATTENTION_BLOCKS = re.compile(r"# blocks of (\d+) in (\d+) row groups?: ([^(,\n]+)")
+
+
 def serving_figures(row: dict[str, Any], kernels: Sequence[RankKernel], cfg: TPConfig, captured: dict[str, Any],
                     hw: HardwareParams) -> dict[str, Any]:
     """The serving columns of a row: batch, SBUF peak, the rank's HBM bytes vs its minimum, whether the attention
@@ -460,7 +465,9 @@ def serving_figures(row: dict[str, Any], kernels: Sequence[RankKernel], cfg: TPC
         "batch": cfg.batch, "assumed_position": "L - 1" if cfg.full_cache else "default (0)",
         "streamed_attention": streamed > 0,
         # the block and row groups each streamed attention took (the cost model's choice unless forced)
-        "attention_blocks": [c for k in kernels if k.plan is not None for c in stream_choices(k.plan.generated.source)],
+        "attention_blocks": [{"block": int(m.group(1)), "row_groups": int(m.group(2)), "how": m.group(3).strip()}
+                             for k in kernels if k.plan is not None
+                             for m in _ATTENTION_BLOCKS.finditer(k.plan.generated.source)],
         "sbuf_peak_kib": max((k.profile.get("peak_sbuf_bytes_per_partition", 0) for k in kernels), default=0) / 1024,
         "sbuf_kib": hw.sbuf_bytes_per_partition / 1024,
         "hbm_read_gb": hbm / 1e9, "min_gb_per_rank": need["total_bytes"] / 1e9,

@@ -73,6 +73,26 @@ def _refused_lines(refused: list[Mapping[str, Any]]) -> list[str]:
 
 
 def format_report(r: Mapping[str, Any], max_unmatched: int = 30, max_decisions: int = 12) -> str:
+    """The report dict ``r`` as terminal text: one section after the other, each from its own part of ``r``
+    (at most ``max_unmatched`` unmatched groups and ``max_decisions`` notable decisions are listed)."""
+    lines = _summary_lines(r)
+    lines += _region_lines(r)
+    lines.append("patterns matched per layer:")
+    lines += _per_layer(r.get("pattern_counts_per_layer", {})) or ["  (none)"]
+    lines += _unmatched_lines(r["unmatched"], max_unmatched)
+    lines += _refused_lines(r.get("refused_graphs", []))
+    lines += _break_lines(r["breaks"])
+    lines += _decision_lines(r, max_decisions)
+    for name, err in {**r.get("pattern_errors", {}), **r.get("plugin_errors", {})}.items():
+        lines.append(f"pattern problem: {name}: {err}")
+    for line in r.get("debug", []):
+        lines.append(f"debug: {line}")
+    return "\n".join(lines)
+
+
+def _summary_lines(r: Mapping[str, Any]) -> list[str]:
+    """The headline: the step's size, coverage, the kernels launched per step, LLM-written kernels, and the
+    coverage per decoder layer (one line when every layer is fully covered)."""
     lines = [
         f"fused-region report: {r['layers']} decoder layers, {r['graphs']} graph(s), {r['op_count']} ATen ops"
         + (f" ({len(r['refused_graphs'])} more graph(s) refused: {r['refused_op_count']} dynamo ops uncovered)"
@@ -99,61 +119,76 @@ def format_report(r: Mapping[str, Any], max_unmatched: int = 30, max_decisions: 
             lines.append(f"  every layer 100% ({len(per)} layers)")
         else:
             lines.append("  per layer: " + "  ".join(f"L{k} {100 * v:.1f}%" for k, v in per.items()))
-    if r["regions"]:
-        lines.append("regions:")
-        rows = []
-        for g in r["regions"]:
-            by_role = g.get("bytes_in_by_role", {})
-            rows.append([
-                str(g["id"]), g["kind"], _layers(g["layers"]), ",".join(map(str, g["graphs"])), str(g["op_count"]),
-                str(len(g["matches"])), _size(by_role.get("weight", 0)), _size(by_role.get("state", 0)),
-                _size(by_role.get("activation", 0) + by_role.get("step", 0) + by_role.get("buffer", 0)),
-                _size(g["bytes_out"]), g.get("executed_by", "eager"),
-            ])
-        lines += _table(rows, ["id", "kind", "layers", "graphs", "ops", "matches", "weights in", "state in",
-                               "act in", "out", "executed by"])
-        for g in r["regions"]:
-            lines.append(f"  region {g['id']} patterns: " + ", ".join(f"{_short(p)} x{n}" for p, n in g["patterns"].items()))
-            acts = [b for b in g["inputs"] if b["role"] in ("activation", "step")]
-            for b in acts[:6]:
-                lines.append(f"    in  {b['node']} {b['shape']} {b['dtype']} ({_size(b['bytes'])}, {b['role']})")
-            for b in g["outputs"][:6]:
-                lines.append(f"    out {b['node']} {b['shape']} {b['dtype']} ({_size(b['bytes'])})"
-                             + (" crosses a graph break" if b.get("crosses_break") else ""))
-            if g["glue"]:
-                lines.append("    absorbed layout glue: " + ", ".join(f"{op.split('.')[1] if op.startswith('aten.') else op} x{n}"
-                                                                  for op, n in g["glue"].items()))
-    lines.append("patterns matched per layer:")
-    lines += _per_layer(r.get("pattern_counts_per_layer", {})) or ["  (none)"]
-    un = r["unmatched"]
+    return lines
+
+
+def _region_lines(r: Mapping[str, Any]) -> list[str]:
+    """The regions table (bytes in by role, bytes out, who executed each), then each region's patterns, its
+    activation boundaries (first six each way) and the layout glue it absorbed."""
+    if not r["regions"]:
+        return []
+    lines = ["regions:"]
+    rows = []
+    for g in r["regions"]:
+        by_role = g.get("bytes_in_by_role", {})
+        rows.append([
+            str(g["id"]), g["kind"], _layers(g["layers"]), ",".join(map(str, g["graphs"])), str(g["op_count"]),
+            str(len(g["matches"])), _size(by_role.get("weight", 0)), _size(by_role.get("state", 0)),
+            _size(by_role.get("activation", 0) + by_role.get("step", 0) + by_role.get("buffer", 0)),
+            _size(g["bytes_out"]), g.get("executed_by", "eager"),
+        ])
+    lines += _table(rows, ["id", "kind", "layers", "graphs", "ops", "matches", "weights in", "state in",
+                           "act in", "out", "executed by"])
+    for g in r["regions"]:
+        lines.append(f"  region {g['id']} patterns: " + ", ".join(f"{_short(p)} x{n}" for p, n in g["patterns"].items()))
+        acts = [b for b in g["inputs"] if b["role"] in ("activation", "step")]
+        for b in acts[:6]:
+            lines.append(f"    in  {b['node']} {b['shape']} {b['dtype']} ({_size(b['bytes'])}, {b['role']})")
+        for b in g["outputs"][:6]:
+            lines.append(f"    out {b['node']} {b['shape']} {b['dtype']} ({_size(b['bytes'])})"
+                         + (" crosses a graph break" if b.get("crosses_break") else ""))
+        if g["glue"]:
+            lines.append("    absorbed layout glue: " + ", ".join(f"{op.split('.')[1] if op.startswith('aten.') else op} x{n}"
+                                                              for op, n in g["glue"].items()))
+    return lines
+
+
+def _unmatched_lines(un: list[Mapping[str, Any]], max_unmatched: int) -> list[str]:
+    """The unmatched op groups as a table (the first ``max_unmatched``; the JSON report has them all)."""
+    if not un:
+        return ["unmatched ops: none"]
     total = sum(u["count"] for u in un)
-    if un:
-        lines.append(f"unmatched ops ({total} ops in {len(un)} groups; they run on the fallback path):")
-        rows = [[str(u["count"]), u["op"], u["module"] or "-", u["reason"]] for u in un[:max_unmatched]]
-        lines += _table(rows, ["count", "op", "module", "reason"])
-        if len(un) > max_unmatched:
-            lines.append(f"  ... {len(un) - max_unmatched} more groups (see the JSON report)")
-    else:
-        lines.append("unmatched ops: none")
-    lines += _refused_lines(r.get("refused_graphs", []))
-    if r["breaks"]:
-        lines.append(f"graph breaks ({len(r['breaks'])}):")
-        for b in r["breaks"]:
-            cost = ("spanned by region(s) " + ",".join(map(str, b["spanned_by_regions"])) if b["spanned_by_regions"]
-                    else f"+{b['extra_boundaries']} boundary, {_size(b['hbm_round_trip_bytes'])} HBM round trip")
-            lines.append(f"  after graph {b['after_graph']}: {b['crossing_tensors']} tensor(s), {_size(b['crossing_bytes'])} "
-                         f"cross ({'glue-free' if b['glue_free'] else 'Python glue computes on them'}); {cost}")
-            lines.append(f"    reason: {b['reason'][:160]}" + (f"  [{b['user_frame']}]" if b.get("user_frame") else ""))
-    else:
-        lines.append("graph breaks: none")
+    lines = [f"unmatched ops ({total} ops in {len(un)} groups; they run on the fallback path):"]
+    rows = [[str(u["count"]), u["op"], u["module"] or "-", u["reason"]] for u in un[:max_unmatched]]
+    lines += _table(rows, ["count", "op", "module", "reason"])
+    if len(un) > max_unmatched:
+        lines.append(f"  ... {len(un) - max_unmatched} more groups (see the JSON report)")
+    return lines
+
+
+def _break_lines(breaks: list[Mapping[str, Any]]) -> list[str]:
+    """Each graph break: what crosses it, whether Python glue computes on it, what it costs (spanned by a region,
+    or an extra boundary and an HBM round trip) and dynamo's reason."""
+    if not breaks:
+        return ["graph breaks: none"]
+    lines = [f"graph breaks ({len(breaks)}):"]
+    for b in breaks:
+        cost = ("spanned by region(s) " + ",".join(map(str, b["spanned_by_regions"])) if b["spanned_by_regions"]
+                else f"+{b['extra_boundaries']} boundary, {_size(b['hbm_round_trip_bytes'])} HBM round trip")
+        lines.append(f"  after graph {b['after_graph']}: {b['crossing_tensors']} tensor(s), {_size(b['crossing_bytes'])} "
+                     f"cross ({'glue-free' if b['glue_free'] else 'Python glue computes on them'}); {cost}")
+        lines.append(f"    reason: {b['reason'][:160]}" + (f"  [{b['user_frame']}]" if b.get("user_frame") else ""))
+    return lines
+
+
+def _decision_lines(r: Mapping[str, Any], max_decisions: int) -> list[str]:
+    """Decision counts per action, then the first ``max_decisions`` decisions worth reading: the routine merges,
+    absorptions and match refusals are left to the JSON report."""
     dc = r.get("decision_counts", {})
-    if dc:
-        lines.append("decisions: " + ", ".join(f"{k} {v}" for k, v in dc.items()))
-        shown = [d for d in r["decisions"] if d["action"] not in ("merge", "absorb", "refuse_match")][:max_decisions]
-        for d in shown:
-            lines.append(f"  {d['action']}: {d['subject']}: {d['reason']}")
-    for name, err in {**r.get("pattern_errors", {}), **r.get("plugin_errors", {})}.items():
-        lines.append(f"pattern problem: {name}: {err}")
-    for line in r.get("debug", []):
-        lines.append(f"debug: {line}")
-    return "\n".join(lines)
+    if not dc:
+        return []
+    lines = ["decisions: " + ", ".join(f"{k} {v}" for k, v in dc.items())]
+    shown = [d for d in r["decisions"] if d["action"] not in ("merge", "absorb", "refuse_match")][:max_decisions]
+    for d in shown:
+        lines.append(f"  {d['action']}: {d['subject']}: {d['reason']}")
+    return lines

@@ -20,6 +20,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import outcome
+from .cache import KernelCache, cache_key
+from .client import ChatClient
+from .experience import default_dir, record
+from .extract import extract_code
+from .harness import Limits, static_checks, verify
+from .prompt import NO_CODE_DETAIL, PROMPT_VERSION, build_messages, repair_message
 from .task import KernelTask
 
 log = logging.getLogger(__name__)
@@ -153,96 +160,135 @@ def write_with_config(task: KernelTask, cfg: WriterConfig) -> WriterResult:
 
 
 def _write(task: KernelTask, cfg: WriterConfig) -> WriterResult:
-    from .cache import KernelCache, cache_key
-    from .client import ChatClient
-    from .extract import extract_code
-    from . import outcome
-    from .harness import Limits, static_checks, verify
-    from .prompt import NO_CODE_DETAIL, PROMPT_VERSION, build_messages, repair_message
-
+    """The writer loop behind :func:`write_with_config` (which turns any exception into a result): refuse a
+    disabled writer or an invalid task, reuse a cached kernel that still passes the static checks, else ask."""
     off = cfg.problem()
     if off:
         return WriterResult(None, False, reason=off)
     problems = task.problems()
     if problems:
         return WriterResult(None, False, reason="invalid kernel task: " + "; ".join(problems))
-
     cache = KernelCache(cfg.cache_dir or None)
     key = cache_key(task, cfg.model, PROMPT_VERSION, cfg.target)
-    entry = cache.load(key) if cfg.use_cache else None
-    if entry is not None:
-        info, bad = static_checks(entry.source, task)
-        if bad is None and info is not None:
-            log.info("LLM kernel for %s reused from cache %s", task.name, key[:12])
-            return WriterResult(entry.source, True, from_cache=True, kernel_name=info.name, cache_key=key,
-                                reason=f"reused cached kernel {key[:12]} (written by {cfg.model})",
-                                sha256=source_sha256(entry.source))
-        log.warning("cached LLM kernel %s for %s fails the static checks (%s); asking again", key[:12], task.name,
-                    bad.reason if bad else "?")
-        cache.discard(key)
+    cached = _from_cache(task, cfg, cache, key) if cfg.use_cache else None
+    if cached is not None:
+        return cached
+    return _Conversation(task, cfg, cache, key).run()
 
-    client = ChatClient(cfg.url, cfg.model, timeout_s=cfg.timeout_s, max_tokens=cfg.max_tokens,
-                        api_key=os.environ.get(API_KEY_ENV, ""))
-    limits = Limits(timeout_s=cfg.run_timeout_s, memory_mb=cfg.run_memory_mb)
-    base = build_messages(task)
-    messages = list(base)
-    attempts: list[Attempt] = []
 
-    def finish(result: WriterResult) -> WriterResult:
-        if cfg.record_experience and any(a.stage != "endpoint" for a in attempts):
-            from .experience import default_dir, record
+def _from_cache(task: KernelTask, cfg: WriterConfig, cache: KernelCache, key: str) -> WriterResult | None:
+    """The cached kernel for ``key`` when there is one and it still passes the static checks (the allow-list or
+    contract may have tightened since it was stored); a failing entry is discarded so the model is asked again."""
+    entry = cache.load(key)
+    if entry is None:
+        return None
+    info, bad = static_checks(entry.source, task)
+    if bad is None and info is not None:
+        log.info("LLM kernel for %s reused from cache %s", task.name, key[:12])
+        return WriterResult(entry.source, True, from_cache=True, kernel_name=info.name, cache_key=key,
+                            reason=f"reused cached kernel {key[:12]} (written by {cfg.model})",
+                            sha256=source_sha256(entry.source))
+    log.warning("cached LLM kernel %s for %s fails the static checks (%s); asking again", key[:12], task.name,
+                bad.reason if bad else "?")
+    cache.discard(key)
+    return None
 
-            path = record(cfg.experience_dir or default_dir(cfg.cache_dir), task, base, attempts,
-                          accepted=result.accepted, llm_model=cfg.model, prompt_version=PROMPT_VERSION,
-                          target=cfg.target, cache_key=key, origin=cfg.origin, benchmark=cfg.benchmark)
-            result.experience_path = str(path) if path else ""
-        return result
 
-    for rnd in range(1, cfg.max_rounds + 2):
-        t0 = time.perf_counter()
-        reply = client.chat(messages)
-        usage = reply.usage
-        common = dict(round=rnd, tokens=usage.total_tokens, prompt_tokens=usage.prompt_tokens,
-                      completion_tokens=usage.completion_tokens)
-        if not reply.ok:
-            attempts.append(Attempt(accepted=False, stage="endpoint", reason=reply.error,
-                                    seconds=round(time.perf_counter() - t0, 3), **common))
-            log.warning("LLM endpoint error for %s: %s", task.name, reply.error)
-            break  # an endpoint problem is not something the model can repair
-        code = extract_code(reply.text)
+class _Conversation:
+    """The rounds with the model for one task: ask, verify the answer, and either accept it (cached) or send
+    the concrete error back, until the rounds run out or asking again cannot help; every answer is an
+    :class:`Attempt`, and the whole exchange is recorded as experience."""
+
+    def __init__(self, task: KernelTask, cfg: WriterConfig, cache: KernelCache, key: str) -> None:
+        self.task = task
+        self.cfg = cfg
+        self.cache = cache
+        self.key = key
+        self.client = ChatClient(cfg.url, cfg.model, timeout_s=cfg.timeout_s, max_tokens=cfg.max_tokens,
+                                 api_key=os.environ.get(API_KEY_ENV, ""))
+        self.limits = Limits(timeout_s=cfg.run_timeout_s, memory_mb=cfg.run_memory_mb)
+        self.base = build_messages(task)
+        self.messages = list(self.base)
+        self.attempts: list[Attempt] = []
+
+    def run(self) -> WriterResult:
+        """Up to ``max_rounds + 1`` answers. An endpoint error or a broken reference ends the loop at once:
+        neither is something the model can repair."""
+        cfg, task = self.cfg, self.task
+        for rnd in range(1, cfg.max_rounds + 2):
+            t0 = time.perf_counter()
+            reply = self.client.chat(self.messages)
+            usage = reply.usage
+            common = dict(round=rnd, tokens=usage.total_tokens, prompt_tokens=usage.prompt_tokens,
+                          completion_tokens=usage.completion_tokens)
+            if not reply.ok:
+                self.attempts.append(Attempt(accepted=False, stage="endpoint", reason=reply.error,
+                                             seconds=round(time.perf_counter() - t0, 3), **common))
+                log.warning("LLM endpoint error for %s: %s", task.name, reply.error)
+                break  # an endpoint problem is not something the model can repair
+            att, verdict = self.judge(reply.text, t0, common)
+            self.attempts.append(att)
+            log.info("LLM kernel %s round %d: %s (%s)", task.name, rnd, "accepted" if att.accepted else "rejected",
+                     att.reason)
+            if att.accepted and att.code is not None:
+                return self.finish(self.accept(att.code, rnd, verdict))
+            if att.stage == "reference":
+                break  # the caller's reference is broken: asking the model again cannot help
+            if rnd == cfg.max_rounds + 1:
+                break
+            att.feedback = repair_message(att.stage, att.detail)
+            self.messages = self.base + [{"role": "assistant", "content": reply.text},
+                                         {"role": "user", "content": att.feedback}]
+        return self.finish(self.give_up())
+
+    def judge(self, text: str, t0: float, common: dict[str, Any]) -> tuple[Attempt, Any]:
+        """The attempt for one answer ``text`` (started at ``t0``): its kernel extracted and verified, the stage
+        it reached, how close it came; also the harness verdict (None when the answer holds no code)."""
+        code = extract_code(text)
         if code is None:
             stage, reason, detail, verdict = "extract", NO_CODE_DETAIL, NO_CODE_DETAIL, None
         else:
-            verdict = verify(code, task, target=cfg.target, limits=limits)
+            verdict = verify(code, self.task, target=self.cfg.target, limits=self.limits)
             stage, reason, detail = verdict.stage, verdict.reason, verdict.detail
         level = outcome.reached(stage, verdict.cheat, verdict.close) if verdict is not None else outcome.reached(stage)
         att = Attempt(accepted=verdict is not None and verdict.ok, stage=stage, reason=reason,
                       seconds=round(time.perf_counter() - t0, 3), level=level or "",
                       max_abs_diff=verdict.max_abs_diff if verdict is not None else None,
-                      answer=reply.text, code=code, detail=detail, **common)
-        attempts.append(att)
-        log.info("LLM kernel %s round %d: %s (%s)", task.name, rnd, "accepted" if att.accepted else "rejected", reason)
-        if att.accepted and code is not None:
-            info, _ = static_checks(code, task)
-            if cfg.use_cache:
-                cache.store(key, code, {"task": task.name, "llm_model": cfg.model, "prompt_version": PROMPT_VERSION,
-                                        "target": cfg.target, "rounds": rnd,
-                                        "tokens": sum(a.tokens for a in attempts)})
-            return finish(WriterResult(code, True, attempts, kernel_name=info.name if info else "", cache_key=key,
-                                       reason=f"accepted in round {rnd} of {cfg.max_rounds + 1} "
-                                              f"({sum(a.tokens for a in attempts)} tokens)",
-                                       profile=verdict.profile if verdict is not None else None,
-                                       sha256=source_sha256(code)))
-        if stage == "reference":
-            break  # the caller's reference is broken: asking the model again cannot help
-        if rnd == cfg.max_rounds + 1:
-            break
-        att.feedback = repair_message(stage, detail)
-        messages = base + [{"role": "assistant", "content": reply.text}, {"role": "user", "content": att.feedback}]
-    last = attempts[-1] if attempts else None
-    why = last.reason if last else "no attempt was made"
-    if last is not None and last.stage == "endpoint":
-        reason = f"LLM endpoint unavailable: {why}"
-    else:
-        reason = f"no verified kernel after {len(attempts)} round(s); last: {why}"
-    return finish(WriterResult(None, False, attempts, cache_key=key, reason=reason[:400]))
+                      answer=text, code=code, detail=detail, **common)
+        return att, verdict
+
+    def accept(self, code: str, rnd: int, verdict: Any) -> WriterResult:
+        """The result for a verified kernel (stored in the cache unless caching is off), hashed as verified."""
+        cfg, attempts = self.cfg, self.attempts
+        info, _ = static_checks(code, self.task)
+        if cfg.use_cache:
+            self.cache.store(self.key, code, {"task": self.task.name, "llm_model": cfg.model,
+                                              "prompt_version": PROMPT_VERSION, "target": cfg.target, "rounds": rnd,
+                                              "tokens": sum(a.tokens for a in attempts)})
+        return WriterResult(code, True, attempts, kernel_name=info.name if info else "", cache_key=self.key,
+                            reason=f"accepted in round {rnd} of {cfg.max_rounds + 1} "
+                                   f"({sum(a.tokens for a in attempts)} tokens)",
+                            profile=verdict.profile if verdict is not None else None,
+                            sha256=source_sha256(code))
+
+    def give_up(self) -> WriterResult:
+        """The result when no answer was accepted, saying why from the last attempt."""
+        attempts = self.attempts
+        last = attempts[-1] if attempts else None
+        why = last.reason if last else "no attempt was made"
+        if last is not None and last.stage == "endpoint":
+            reason = f"LLM endpoint unavailable: {why}"
+        else:
+            reason = f"no verified kernel after {len(attempts)} round(s); last: {why}"
+        return WriterResult(None, False, attempts, cache_key=self.key, reason=reason[:400])
+
+    def finish(self, result: WriterResult) -> WriterResult:
+        """Record the exchange as experience (when on, and when the model answered at all) and return
+        ``result`` with the record's path."""
+        cfg = self.cfg
+        if cfg.record_experience and any(a.stage != "endpoint" for a in self.attempts):
+            path = record(cfg.experience_dir or default_dir(cfg.cache_dir), self.task, self.base, self.attempts,
+                          accepted=result.accepted, llm_model=cfg.model, prompt_version=PROMPT_VERSION,
+                          target=cfg.target, cache_key=self.key, origin=cfg.origin, benchmark=cfg.benchmark)
+            result.experience_path = str(path) if path else ""
+        return result

@@ -68,7 +68,7 @@ def measure(model: str, target: str, L: int, batch: int, layers: int,
     from fusegraph.perf.analysis import (cost_strategies, kernel_stats, model_config, one_line_reason,
                                          strategy_summary)
     from fusegraph.codegen.api import position_assumption
-    from fusegraph.codegen.runtime import abstract_args
+    from fusegraph.nkisim.torch_io import abstract_args
     from fusegraph.perf.kernelview import build_view
     from fusegraph.perf.params import load_params
     from fusegraph.patterns.attention.lowering import stream_choices

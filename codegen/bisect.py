@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 import torch
 
+from fusegraph.nkisim.torch_io import InterpretedKernel
+
 from . import ir, reference
 from .megakernel import generate
-from .runtime import InterpretedKernel
 
 
 @dataclass

@@ -131,8 +131,9 @@ class Builder:
                                           dict[str, torch.Tensor]]:
         """Generate (conformance-checked), run in the interpreter and the reference VM: (kernel, kernel outputs by
         name, the reference VM's values by name, the tensors the kernel ran on)."""
+        from fusegraph.nkisim.torch_io import InterpretedKernel  # deferred: the interpreter (module docstring)
+
         from .megakernel import generate
-        from .runtime import InterpretedKernel
 
         prog = self.program()
         gen = generate(prog, **gen_kw)

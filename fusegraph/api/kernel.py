@@ -18,12 +18,12 @@ from ..codegen.errors import CodegenError
 from ..codegen.lowering import lower_region
 from ..codegen.megakernel import generate
 from ..codegen.registry import check as lowerable
-from ..codegen.runtime import abstract_args
 from ..executors.kernel_cache import codegen_options
 from ..executors.kernels import decode_tokens
 from ..matching import Analysis, analyze
 from ..models import build_decode
 from ..models.user import is_user_spec, load_user_step
+from ..nkisim.torch_io import abstract_args
 from ..perf.analysis import KernelBuild
 from ..program import Program
 from ..settings import Settings

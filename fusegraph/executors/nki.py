@@ -23,9 +23,9 @@ from ..program.execution import ExecutionRecord, KernelInfo, RegionRun
 from ..settings import Settings
 from ..warnings import one_line, warn
 from ..codegen.registry import check as lowerable, is_host_side
-from ..codegen.runtime import InterpretedKernel
 from ..llm import enabled
 from ..matching import analyze
+from ..nkisim.torch_io import InterpretedKernel
 from .base import RETIRE_AFTER_FAILURES, Runner, register_executor
 from .eager import _resolver, build_plan, run_plan
 from .kernel_args import kernel_args

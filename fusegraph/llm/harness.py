@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fusegraph.nkisim.torch_io import to_numpy, to_torch
+
 from . import compare as cmp
 from .contract import KernelInfo, check_contract
 from .inputs import make_cases
@@ -154,8 +156,6 @@ class RunOutcome:
 def run_isolated(source: str, kernel: str, task: KernelTask, cases: list[tuple[str, list[torch.Tensor]]],
                  target: str = "trn2", limits: Limits = Limits()) -> RunOutcome:
     """Run ``kernel`` from ``source`` on every case in a fresh, limited worker process; never in this one."""
-    from fusegraph.codegen.runtime import to_numpy, to_torch
-
     from .worker import pack, unpack
 
     t0 = time.perf_counter()

@@ -162,7 +162,7 @@ def profile_program0(generated: Any, target: str, settings: Any,
 
 
 def _abstract_args(generated: Any) -> list:
-    from fusegraph.codegen.runtime import abstract_args
+    from fusegraph.nkisim.torch_io import abstract_args  # deferred like the interpreter above: it imports torch
 
     return abstract_args(generated)
 

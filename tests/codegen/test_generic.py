@@ -8,7 +8,7 @@ from fusegraph import capture_step
 from fusegraph.codegen import lowering
 from fusegraph.codegen.generic import find_pieces, supports
 from fusegraph.codegen.megakernel import generate
-from fusegraph.codegen.runtime import InterpretedKernel
+from fusegraph.nkisim.torch_io import InterpretedKernel
 
 
 @dataclass(frozen=True)

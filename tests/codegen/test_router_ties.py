@@ -111,7 +111,7 @@ def test_qwen3_30b_router_shape_only_within_budget():
     """Qwen3-30B-A3B's router (hidden 2048, 128 experts, top-8, with the boundary check's second max8) builds and
     runs shape-only on trn2 within the SBUF budget."""
     from fusegraph import nkisim
-    from fusegraph.codegen.runtime import InterpretedKernel
+    from fusegraph.nkisim.torch_io import InterpretedKernel
     from fusegraph.codegen.megakernel import generate
 
     E, K, H, T = 128, 8, 2048, 4

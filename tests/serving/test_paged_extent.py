@@ -14,7 +14,7 @@ from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
 from fusegraph.codegen.megakernel import generate
 from fusegraph.patterns.paged_attention.lowering import PagedAttention, mask_extent
-from fusegraph.codegen.runtime import abstract_args
+from fusegraph.nkisim.torch_io import abstract_args
 from fusegraph.codegen.testing import V
 from fusegraph.nkiapi.conformance import check_source
 from fusegraph.perf.kernelview import loops, parse_source

@@ -28,9 +28,9 @@ from fusegraph import nkisim
 from fusegraph.codegen import ir
 from fusegraph.codegen.api import position_assumption
 from fusegraph.codegen.megakernel import generate
-from fusegraph.codegen.runtime import abstract_args
 from fusegraph.codegen.testing import Builder, V
 from fusegraph.nkisim.errors import NkiCapacityError
+from fusegraph.nkisim.torch_io import abstract_args
 from fusegraph.patterns.attention import blocks
 from fusegraph.patterns.attention import lowering as attention
 from fusegraph.perf.costmodel import dma_transfer, estimate_kernel, instruction_time

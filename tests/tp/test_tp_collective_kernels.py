@@ -12,7 +12,7 @@ import torch
 from fusegraph import nkisim
 from fusegraph.codegen.megakernel import generate
 from fusegraph.patterns.collectives.lowering import AllGather, AllReduce, group_refusal, reference_collective
-from fusegraph.codegen.runtime import InterpretedKernel, to_numpy, to_torch
+from fusegraph.nkisim.torch_io import InterpretedKernel, to_numpy, to_torch
 from fusegraph.codegen.testing import Builder
 
 

@@ -26,6 +26,23 @@ from .view import TRef
 #: ATen op -> emitter(ins, ctx, code) -> SBUF scratch bytes per partition it allocates at once
 Emitter = Callable[["TensorOp", Context, Code], int]
 EMITTERS: dict[str, Emitter] = {}
+#: the reference side of a guard: ``check(args, kwargs) -> bool`` on the logical tensors (True: the kernel raises
+#: the flag for this step, so the step is recomputed eagerly)
+GuardCheck = Callable[[tuple, dict], bool]
+
+
+@dataclass(frozen=True)
+class GuardRule:
+    """An op whose emitter raises a guard flag when its inputs are ones the kernel cannot compute like eager (an
+    index out of range, where eager raises; tied values, where eager's order is its own): ``reason`` is what the
+    executor's warning says, ``check`` the same condition on the reference VM."""
+
+    reason: str
+    check: GuardCheck
+
+
+#: ATen op -> its guard rule (see :func:`register_guard`)
+GUARDS: dict[str, GuardRule] = {}
 
 
 def register_emitter(*ops: str) -> Callable[[Emitter], Emitter]:
@@ -33,6 +50,16 @@ def register_emitter(*ops: str) -> Callable[[Emitter], Emitter]:
     def deco(fn: Emitter) -> Emitter:
         for op in ops:
             EMITTERS[op] = fn
+        return fn
+    return deco
+
+
+def register_guard(*ops: str, reason: str) -> Callable[[GuardCheck], GuardCheck]:
+    """Decorator: these ops' emitters raise ``TensorOp.flag`` (a guard, see :class:`~..io.Guard`) where
+    ``check`` holds; the lowering gives such an op the kernel's flag of ``reason``."""
+    def deco(fn: GuardCheck) -> GuardCheck:
+        for op in ops:
+            GUARDS[op] = GuardRule(reason, fn)
         return fn
     return deco
 
@@ -72,6 +99,8 @@ class TensorOp(ir.Instruction):
     target: Any = None  # the ATen callable (the reference)
     fresh: tuple[bool, ...] = ()  # per out: a buffer this op allocates (False: it writes an existing one)
     const: torch.Tensor | None = None  # a value known when the kernel is built: an HBM constant argument
+    flag: ir.Value | None = None  # a guard flag ([T, 1] fp32, SBUF [1, T]) the op raises (see GUARDS)
+    flag_first: bool = False  # this op allocates and clears the flag (the first op of the kernel that raises it)
     output_fields: ClassVar[tuple[str, ...]] = ()
     scratch: int = field(default=0, init=False)
 
@@ -79,10 +108,12 @@ class TensorOp(ir.Instruction):
         seen: dict[str, ir.Value] = {}
         for r in flat_refs((self.args, self.kwargs)):
             seen.setdefault(r.value.name, r.value)
+        if self.flag is not None and not self.flag_first:  # raising the flag reads what earlier ops left in it
+            seen.setdefault(self.flag.name, self.flag)
         return list(seen.values())
 
     def writes(self) -> list[ir.Value]:
-        return [o.value for o in self.outs]
+        return [o.value for o in self.outs] + ([self.flag] if self.flag is not None else [])
 
     def constants(self, ctx: Context) -> dict[str, ir.Constant]:
         if self.const is None:
@@ -104,6 +135,10 @@ class TensorOp(ir.Instruction):
             if new:
                 code(f"{ctx.var(o.value)} = nl.ndarray(shape={tuple(o.value.shape) or (1,)}, dtype={kdt(o.dtype)}, "
                      f"buffer=nl.hbm, name=\"{name}.out\")")
+        if self.flag is not None and self.flag_first:  # one partition, a column per token: the Guard stores it
+            code(f"{ctx.var(self.flag)} = nl.ndarray(shape=(1, {ctx.tokens}), dtype=nl.float32, buffer=nl.sbuf, "
+                 f"name=\"{self.flag.name}\")")
+            code(f"nisa.memset(dst={ctx.var(self.flag)}, value=0.0, name=\"{name}.flag\")")
         self.scratch = fn(self, ctx, code)
         e = Emitted(sbuf=self.scratch, psum_banks=2 if self.op in _MATMULS else 0)
         e.pieces.append(_indent(code.text()))
@@ -119,6 +154,15 @@ class TensorOp(ir.Instruction):
             dst = _view(self.outs[0], env)
             dst.copy_(args[1])
             return
+        if self.flag is not None:
+            raised = bool(GUARDS[self.op].check(args, kwargs))
+            prev = env[self.flag.name] if not self.flag_first else torch.zeros(self.flag.shape)
+            env[self.flag.name] = torch.maximum(prev, torch.full(self.flag.shape, float(raised)))
+            if raised:  # eager recomputes this step (or raises, as for an index out of range): no result here
+                for o in self.outs:
+                    if o.value.name not in env:
+                        env[o.value.name] = torch.zeros(o.value.shape, dtype=o.value.dtype)
+                return
         result = self.target(*args, **kwargs)
         results = result if isinstance(result, (tuple, list)) else (result,)
         for o, r in zip(self.outs, results):
@@ -168,5 +212,5 @@ def tile_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return math.prod(shape[1:]) * nbytes(kernel_dtype(dtype))
 
 
-__all__ = ["EMITTERS", "TensorOp", "flat_refs", "kdt", "kernel_dtype", "register_emitter", "tile_alloc",
-           "tile_bytes"]
+__all__ = ["EMITTERS", "GUARDS", "GuardRule", "TensorOp", "flat_refs", "kdt", "kernel_dtype", "register_emitter",
+           "register_guard", "tile_alloc", "tile_bytes"]

@@ -22,7 +22,7 @@ from ..bind import weight_for_use
 from ..errors import CodegenError
 from ..io import Spill
 from ..lowering import Lowerer
-from .instruction import EMITTERS, TensorOp, kernel_dtype
+from .instruction import EMITTERS, GUARDS, TensorOp, kernel_dtype
 from .view import TRef, contiguous_strides, view_of, whole
 
 V = ir.ValueKind
@@ -51,6 +51,7 @@ class TensorLowering:
     def __init__(self, L: Lowerer) -> None:
         self.L = L
         self.refs: dict[tuple[str, int | None], TRef] = {}
+        self.flags: dict[str, ir.Value] = {}  # guard reason -> the kernel's flag of it
 
     @classmethod
     def of(cls, L: Lowerer) -> "TensorLowering":
@@ -138,6 +139,8 @@ class TensorLowering:
             self._const(m, n, d)
         elif op == "aten.copy_.default":
             self._state_write(m, n, d)
+        elif d.get("writes_state"):  # an in-place op into state (index_copy_ of rows at runtime positions)
+            self._state_op(m, n, d)
         else:
             self._compute(m, n, d)
 
@@ -177,6 +180,7 @@ class TensorLowering:
             outs.append(whole(v))
         ins = TensorOp(op=d["op"], args=tuple(self.arg(list(d["args"]))), kwargs=self.arg(dict(d["kwargs"])),
                        outs=tuple(outs), target=d["target"], fresh=(True,) * len(outs))
+        self._guarded(ins)
         L.emit(ins, _only(m, n))
         if _multi(d):
             for k, o in enumerate(outs):
@@ -197,6 +201,35 @@ class TensorLowering:
         L.state[sv.name] = state
         L.alias(n, state)
         self.refs[(n, None)] = dst
+
+    def _state_op(self, m: Any, n: str, d: dict) -> None:
+        """An in-place op (``index_copy_``, ``index_put_``...) writing state: its emitter writes the state tensor
+        itself (``outs[0]`` is its view, not fresh), as ``copy_`` does."""
+        L = self.L
+        state = d["writes_state"]
+        dst = self.ref(d["args"][0].node)
+        ins = TensorOp(op=d["op"], args=tuple(self.arg(list(d["args"]))), kwargs=self.arg(dict(d["kwargs"])),
+                       outs=(dst,), target=d["target"], fresh=(False,))
+        self._guarded(ins)
+        L.emit(ins, _only(m, n))
+        sv = L.values[state] if state in L.values else L.hbm(state)
+        L.state[sv.name] = state
+        L.alias(n, state)
+        self.refs[(n, None)] = dst
+
+    def _guarded(self, ins: TensorOp) -> None:
+        """Give ``ins`` the kernel's guard flag of its op's reason (the first op of a reason allocates it and has
+        the lowering store it as a guard output)."""
+        rule = GUARDS.get(ins.op)
+        if rule is None:
+            return
+        flag = self.flags.get(rule.reason)
+        ins.flag_first = flag is None
+        if flag is None:
+            flag = self.flags[rule.reason] = ir.Value(self.L.unique("tensor_guard"), V.ROUTING, (self.L.T, 1),
+                                                      torch.float32)
+            self.L.guard(flag, rule.reason)
+        ins.flag = flag
 
     def _materialize(self, m: Any, n: str, ref: TRef) -> TRef:
         """``ref`` copied into a fresh contiguous buffer (a copy of any strided view)."""

@@ -15,7 +15,9 @@ checks that the two agree.
 
 Categories: ``view`` (no data moves: a new view of the same buffer), ``pointwise`` (elementwise with
 broadcasting), ``reduce`` (over any dims), ``matmul`` (any two operands), ``conv`` (1-D convolutions), ``move`` (data movement: concatenation,
-padding, copies, writes of state), ``const`` (tensors whose value is known when the kernel is built).
+padding, copies, writes of state), ``const`` (tensors whose value is known when the kernel is built), ``index``
+(runtime indices: gathers and scatters by indirect DMA, in-place writes of state rows), ``select`` (top-k, max/min
+with indices, argmax/argmin, sort of short rows), ``scan`` (cumsum, cumprod).
 """
 from __future__ import annotations
 
@@ -69,10 +71,29 @@ CONST = {
 }
 
 CONV = {"aten.convolution.default"}
+INDEX = {
+    "aten.index_select.default", "aten.embedding.default", "aten.gather.default", "aten.index.Tensor",
+    "aten.index_put.default", "aten.index_copy.default", "aten.scatter.src", "aten.scatter.value",
+    "aten.scatter_add.default", "aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor",
+    # in place: only as writes of state rows (see STATE_WRITES)
+    "aten.index_copy_.default", "aten.index_put_.default",
+}
+SELECT = {
+    "aten.topk.default", "aten.max.dim", "aten.min.dim", "aten.argmax.default", "aten.argmin.default",
+    "aten.sort.default", "aten.sort.stable",
+}
+SCAN = {"aten.cumsum.default", "aten.cumprod.default"}
+#: ops the tensor path computes in place into a state tensor (every other in-place op is refused)
+STATE_WRITES = {"aten.copy_.default", "aten.index_copy_.default", "aten.index_put_.default"}
+#: the longest row a selection takes (one SBUF tile of the free axis; the tensor path's tiles.FREE_MAX)
+SELECT_MAX = 2048
+#: the longest row a sort takes (n / 8 rounds of max8 over the row)
+SORT_MAX = 256
 
 CATEGORY: dict[str, str] = {
     **{op: "view" for op in VIEW}, **{op: "conv" for op in CONV}, **{op: "pointwise" for op in POINTWISE}, **{op: "reduce" for op in REDUCE},
     **{op: "matmul" for op in MATMUL}, **{op: "move" for op in MOVE}, **{op: "const" for op in CONST},
+    **{op: "index" for op in INDEX}, **{op: "select" for op in SELECT}, **{op: "scan" for op in SCAN},
 }
 
 #: element types the tensor path computes in (int64 indices are int32 in the kernel: NKI has no 64-bit integers)
@@ -110,8 +131,12 @@ def tensor_reason(G: nx.DiGraph, node: str) -> str | None:
         return f"{node} is not an op"
     if op not in CATEGORY:
         return f"{op} is not an op generic lowering computes"
-    if d.get("writes_state") and op != "aten.copy_.default":
+    if d.get("writes_state") and op not in STATE_WRITES:
         return f"{op} writes state in place"
+    if op.endswith("_.default") and op in CATEGORY and op not in ("aten.copy_.default",) and not d.get("writes_state"):
+        return f"{op} in place on a value that is not state"
+    if d.get("shape") is None:
+        return f"{op} produces no tensor (a Python number: a symbolic size, say)"
     for shape in _shapes(d):
         if shape is None or any(not isinstance(s, int) for s in shape):
             return f"{op} with a dynamic shape {shape}"
@@ -130,6 +155,50 @@ def tensor_reason(G: nx.DiGraph, node: str) -> str | None:
         for dt in _dtypes(src):
             if dt is not None and dt not in DTYPES:
                 return f"{op} reads a {dt} value"
+    if op in INDEX or op in SELECT:
+        return _index_reason(G, d, op)
+    return None
+
+
+def _arg(d: dict, i: int, key: str, default: Any) -> Any:
+    args = d.get("args", ())
+    return args[i] if len(args) > i else d.get("kwargs", {}).get(key, default)
+
+
+def _src(G: nx.DiGraph, a: Any) -> dict | None:
+    return G.nodes[a.node] if hasattr(a, "node") else None
+
+
+def _index_reason(G: nx.DiGraph, d: dict, op: str) -> str | None:
+    """What the index and select emitters need beyond the table (``fusegraph.codegen.tensor.index`` / ``.select``
+    say why)."""
+    args = d.get("args", ())
+    if op in ("aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default"):
+        for t in _arg(d, 1, "indices", ()) or ():
+            s = _src(G, t) if t is not None else None
+            if s is not None and s.get("dtype") in ("bool", "uint8"):
+                return f"{op} with a boolean mask (its result's shape depends on the mask)"
+        if op != "aten.index.Tensor" and _arg(d, 3, "accumulate", False):
+            return f"{op} with accumulate=True (duplicate indices must add up: not on the tensor path)"
+    if op in ("aten.scatter.src", "aten.scatter.value") and d.get("kwargs", {}).get("reduce") is not None:
+        return f"{op} with reduce="
+    if op in SELECT:
+        x = _src(G, args[0]) if args else None
+        if x is None or x.get("dtype") not in ("float32", "bfloat16", "float16"):
+            return f"{op} of {x and x.get('dtype')} values (the engines compare in fp32: floating values only)"
+        shape = tuple(x.get("shape") or ())
+        if op == "aten.topk.default":
+            dim = _arg(d, 2, "dim", -1)
+        elif op == "aten.sort.stable":
+            dim = d.get("kwargs", {}).get("dim", -1)
+        elif op == "aten.sort.default":
+            dim = _arg(d, 1, "dim", -1)
+        else:  # max.dim / min.dim / argmax / argmin (None: over every element)
+            dim = _arg(d, 1, "dim", None)
+        n = math.prod(shape) if dim is None or not shape else int(shape[dim])
+        limit = SORT_MAX if op.startswith("aten.sort") else SELECT_MAX
+        if n > limit:
+            return f"{op} over {n} values (the tensor path selects along rows of up to {limit})"
     return None
 
 
@@ -139,5 +208,5 @@ def _flat(x: Any) -> list[Any]:
     return [x]
 
 
-__all__ = ["CATEGORY", "CONST", "CONV", "DTYPES", "MATMUL", "MAX_ELEMENTS", "MOVE", "POINTWISE", "REDUCE", "VIEW",
-           "tensor_reason"]
+__all__ = ["CATEGORY", "CONST", "CONV", "DTYPES", "INDEX", "MATMUL", "MAX_ELEMENTS", "MOVE", "POINTWISE", "REDUCE",
+           "SCAN", "SELECT", "STATE_WRITES", "VIEW", "tensor_reason"]

@@ -160,43 +160,61 @@ def measure(family: str, steps: str = "6", tied: str = "0") -> dict:
     )
     row["one_kernel"] = (row["launches"] == 1 and not eager_regions and not session.refusals
                          and not report.get("eager_segments"))
-    # the raw material of the next design step, whatever the first reason is
-    row["first_refusal"] = _one_line(session.refusals[0].reason) if session.refusals else None
-    refusing = [d for d in report.get("decisions", []) if d["action"] in _REFUSING]
-    row["first_decision"] = (f"{refusing[0]['action']} {refusing[0]['subject']}: {_one_line(refusing[0]['reason'])}"
-                             if refusing else None)
-    row["unmatched_ops"] = {u["op"]: u["count"] for u in report.get("unmatched", [])[:12]}
-    row["first_reason"] = None if row["one_kernel"] and row["tokens_equal"] else _first_reason(
-        row, fg_warnings, session, report)
+    # the raw material of the next design step, whatever the first reason is: refused graphs, regions run
+    # eagerly, the refusing region decisions (not a match that lost an overlap to a bigger one: that is how
+    # every step's matches are chosen), and the ops outside every region (op, count, module, reason)
+    row["refusals"] = [_one_line(r.reason) for r in session.refusals][:5]
+    row["eager_regions"] = [f"region {r['id']} ({r.get('kind', '')}): {r.get('verification') or 'eager'}"
+                            for r in eager_regions][:5]
+    row["refusing_decisions"] = [f"{d['action']} {d['subject']}: {_one_line(d['reason'])}"
+                                 for d in _refusing(report)][:5]
+    row["eager_ops"] = [{"op": u["op"], "count": u["count"], "module": u.get("module"), "reason": _one_line(u["reason"])}
+                        for u in _eager_ops(report)][:10]
+    row["first_reason"] = (None if row["one_kernel"] and row["tokens_equal"] else _first_reason(row, fg_warnings))
     row["seconds"] = round(time.perf_counter() - t0, 1)
     return row
 
 
 _REFUSING = ("refuse_match", "refuse_merge", "dissolve", "fallback", "refuse_break", "require_full")
+_LOST_OVERLAP = re.compile(r"^overlaps .*, which wins on ")
+_BENIGN_EAGER = re.compile(r"^(no-op|constant op|folded layout op)")
 
 
-def _first_reason(row: dict, fg_warnings: list[str], session, report: dict) -> str:
-    """Why this step is not one kernel with eager's tokens, in one line (the first applicable of: a fusegraph
-    warning, a refused graph, a refusing region decision, an op left to eager, unequal tokens)."""
+def _refusing(report: dict) -> list[dict]:
+    return [d for d in report.get("decisions", [])
+            if d["action"] in _REFUSING and not _LOST_OVERLAP.match(d.get("reason", ""))]
+
+
+def _eager_ops(report: dict) -> list[dict]:
+    """The report's ops outside every region, those with a reason first (no-ops and constants last)."""
+    ops = report.get("unmatched", [])
+    return [u for u in ops if not _BENIGN_EAGER.match(u["reason"])] + \
+        [u for u in ops if _BENIGN_EAGER.match(u["reason"])]
+
+
+def _first_reason(row: dict, fg_warnings: list[str]) -> str:
+    """Why this step is not one kernel with eager's tokens, in one line: with one kernel, the tokens; else the
+    first applicable of a fusegraph warning, a refused graph, a region run eagerly, an op outside every region
+    (with the matcher's reason: the closest pattern, or the refused match and why), a refusing region decision,
+    the tokens, the launch count."""
+    if row.get("one_kernel") and not row.get("tokens_equal"):
+        return f"tokens differ from eager at step {row.get('first_diff_step')} (max rel err {row.get('max_rel_err'):.3g})"
     if fg_warnings:
         return fg_warnings[0]
-    if session.refusals:
-        r = session.refusals[0]
-        return f"graph {r.graph_index} refused: {_one_line(r.reason)}"
-    ran_kernel = {r["id"] for r in report.get("regions", []) if r.get("executed_by", "eager") != "eager"}
-    for d in report.get("decisions", []):
-        if d["action"] in _REFUSING:
-            return f"{d['action']} {d['subject']}: {_one_line(d['reason'])}"
-    for r in report.get("regions", []):
-        if r["id"] not in ran_kernel:
-            return f"region {r['id']} ran eagerly ({r.get('verification') or 'no kernel'})"
-    for u in report.get("unmatched", []):
-        return f"unmatched {u['op']} x{u['count']} ({u.get('module') or '-'}): {_one_line(u['reason'])}"
+    if row.get("refusals"):
+        return f"graph refused: {row['refusals'][0]}"
+    if row.get("eager_regions"):
+        return f"{row['eager_regions'][0]} ran eagerly"
+    if row.get("eager_ops"):
+        u = row["eager_ops"][0]
+        return f"eager {u['op']} x{u['count']} ({u.get('module') or '-'}): {u['reason']}"
+    if row.get("refusing_decisions"):
+        return row["refusing_decisions"][0]
     if not row.get("tokens_equal", True):
         return f"tokens differ from eager at step {row.get('first_diff_step')} (max rel err {row.get('max_rel_err'):.3g})"
     if row.get("launches", 0) != 1:
-        return f"{row.get('launches')} kernel launches per step"
-    return "not one kernel (no warning or decision names why)"
+        return f"{row.get('launches')} kernel launches per step (no warning, refusal or eager op names why)"
+    return "not one kernel (no warning, refusal or eager op names why)"
 
 
 COLUMNS = [("family", "family"), ("kind", "kind"), ("state", "state"), ("tied", "tied"), ("built", "built"),

@@ -269,10 +269,10 @@ def body_ops(s: StreamShape, hw: Hardware) -> list[Op]:
         ops.append(Op(name, engine, t * n, reads, writes, partial, n, dep_ii=ii, psum=frozenset(psum)))
 
     def dma(name: str, nbytes: float, partitions: int, run: float, writes: tuple, engine: str = "sync",
-            transpose: bool = False, partial: bool = False) -> None:
+            transpose: bool = False, partial: bool = False, reads: tuple = ()) -> None:
         occ, own = dma_time(hw, nbytes, partitions, run, transpose)
         issue = hw.dma_issue_swdge if engine == "gpsimd" else hw.dma_issue_hwdge
-        ops.append(Op(name, engine, issue, (), writes, partial, dma=True, occupancy=occ, own=own,
+        ops.append(Op(name, engine, issue, reads, writes, partial, dma=True, occupancy=occ, own=own,
                       latency=hw.dma_fixed_latency))
 
     kvbytes = s.HC * s.Lb * s.D * s.kvb
@@ -281,7 +281,8 @@ def body_ops(s: StreamShape, hw: Hardware) -> list[Op]:
     def load() -> None:
         if s.kt_dma:
             for h in range(s.HC):
-                dma("kT_dma", s.Lb * s.D * s.kvb, PMAX, run, ("kT",), engine="gpsimd", transpose=True, partial=True)
+                dma("kT_dma", s.Lb * s.D * s.kvb, PMAX, run, ("kT",), engine="gpsimd", transpose=True, partial=True,
+                    reads=("kidx",))  # the row-index tile: its advance below waits for the transposes
             comp("kidx_next", "vector", "tensor_scalar", 1, {"uint32"}, ("kidx",), ("kidx",))
         else:
             dma("kload", kvbytes, PMAX, run, ("kn",))

@@ -190,17 +190,21 @@ def test_closed_form_uses_the_cost_models_constants_and_formulas(target):
         assert (occ, own) == pytest.approx((tr["occupancy"], tr["own"]))
 
 
-@pytest.mark.parametrize("shape, Lb, pg", [
-    ("qwen3 core", 1024, 2), ("qwen3 core", 512, 4),
-    ("qwen3 rank", 2048, 4), ("qwen3 rank", 4096, 4),
-    ("llama3 core", 512, 1), ("llama3 rank", 1024, 2),
+@pytest.mark.parametrize("shape, Lb, pg, switches", [
+    ("qwen3 core", 1024, 2, {}), ("qwen3 core", 512, 4, {}),
+    ("qwen3 rank", 2048, 4, {}), ("qwen3 rank", 4096, 4, {}),
+    ("llama3 core", 512, 1, {}), ("llama3 rank", 1024, 2, {}),
+    ("qwen3 core", 1024, 1, {"kt_by_dma": True}), ("llama3 rank", 2048, 4, {"pipeline": False}),
 ])
-def test_closed_form_iteration_is_the_full_models(shape, Lb, pg):
+def test_closed_form_iteration_is_the_full_models(shape, Lb, pg, switches):
     """One drained iteration of the block loop: the closed form (the template's body list-scheduled with the cost
     model's rules, from empty queues, + the barrier) against the full cost model's schedule of the real kernel's
-    profile (a middle copy of the unrolled loop): the same to 0.5%, at the benchmark's attention shapes."""
-    got = _modeled(shape, 32768, block=Lb, row_groups=pg)
-    est = blocks.estimate(_shape(shape, Lb, pg), blocks.Hardware.load(SHAPES[shape][5]), 32768)
+    profile (a middle copy of the unrolled loop): the same to 0.5%, at the benchmark's attention shapes, pipelined
+    or one block at a time, K^T by Tensor-engine transposes or by DMA."""
+    got = _modeled(shape, 32768, block=Lb, row_groups=pg, **switches)
+    s = dataclasses.replace(_shape(shape, Lb, pg), kt_dma=switches.get("kt_by_dma", False),
+                            pipe=switches.get("pipeline", True))
+    est = blocks.estimate(s, blocks.Hardware.load(SHAPES[shape][5]), 32768)
     assert got["iteration"] == pytest.approx(est.iteration, rel=5e-3)
 
 

@@ -15,8 +15,8 @@ import torch.fx as fx
 
 from .capture.inline_regions import inline_regions, region_bodies
 from .capture.lower import on_local_shards, to_aten
-from .capture.checks import (CaptureRefused, check_capturable, check_collectives, check_static_shapes,
-                             dynamo_input_sources)
+from .capture.checks import (CaptureRefused, check_capturable, check_collectives, check_complex,
+                             check_static_shapes, dynamo_input_sources)
 from .capture.rewrites import install_rewrites
 from .capture.rewrites.hf_layer_reuse import allow_region_fallback
 from .capture.paths import current_frame_modules
@@ -26,6 +26,7 @@ from .capture.summary import summarize
 from .executors import available_executors, get_executor
 from .executors.rank_agreement import agree_or_eager
 from .program.build import DynamoInput, add_graph
+from .program.complex_pairs import pair_boundary
 from .settings import Settings
 from .warnings import one_line, warn
 
@@ -74,6 +75,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: S
         aten_gm = to_aten(gm, example_inputs)
         check_static_shapes(aten_gm)
         check_collectives(aten_gm)
+        check_complex(aten_gm)
         add_graph(session.program, aten_gm, index, dyn_inputs, dynamo_nodes)
         session.paths.refresh(session.program)
         session.add_links(index, producers)
@@ -138,7 +140,7 @@ def _make_runner(session: CaptureSession, index: int, settings: Settings) -> Cal
     # TP: every rank of the graph's collective groups runs it alike (same executor, settings, kernels) or eagerly
     name, runner = agree_or_eager(session.program, index, settings, name, runner)
     session.executors[index] = name
-    return runner
+    return pair_boundary(session.program.captured(index), runner)  # complex inputs/outputs as real pairs
 
 
 def compile_program(session: CaptureSession, index: int, settings: Settings) -> Callable:

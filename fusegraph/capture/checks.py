@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
+from ..program.complex_pairs import PAIR_DTYPE, complex_refusal
 from ..program.sources import parse_source
 
 #: dtypes the Trainium engines (and so fusegraph's codegen) can hold; anything else stays on the eager path
@@ -18,6 +19,9 @@ SUPPORTED_DTYPES = {
     torch.float32, torch.bfloat16, torch.float16,
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
 }
+#: complex dtypes taken as well: the program computes them as real pairs (``program/complex_pairs.py``), provided
+#: every op on them has a pair form (:func:`check_complex`, after lowering)
+COMPLEX_DTYPES = {getattr(torch, name) for name in PAIR_DTYPE}
 
 
 class CaptureRefused(Exception):
@@ -123,10 +127,10 @@ def check_capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
         val = n.meta.get("example_value")
         vals = val if isinstance(val, (list, tuple)) else [val]
         for v in vals:
-            if isinstance(v, torch.Tensor) and v.dtype not in SUPPORTED_DTYPES:
+            if isinstance(v, torch.Tensor) and v.dtype not in SUPPORTED_DTYPES | COMPLEX_DTYPES:
                 raise CaptureRefused(
                     f"unsupported dtype {str(v.dtype).replace('torch.', '')} (node {n.name} in {_module(n)}); "
-                    "Trainium kernels support fp32/bf16/fp16 and integer types"
+                    "Trainium kernels support fp32/bf16/fp16 and integer types (complex64 as real pairs)"
                 )
     if not any(n.op == "call_function" or n.op == "call_method" or n.op == "call_module" for n in gm.graph.nodes):
         raise CaptureRefused("the graph computes nothing")
@@ -144,6 +148,16 @@ def check_static_shapes(aten_gm: fx.GraphModule) -> None:
                     f"dynamic shapes are not supported ({n.name} in {_module(n)} has a symbolic size "
                     f"{tuple(v.shape)}); compile with dynamic=False"
                 )
+
+
+def check_complex(aten_gm: fx.GraphModule) -> None:
+    """Every op on complex values has a real-pair form (``program/complex_pairs.py`` rewrites them once the graph is
+    in the program); checked on the lowered graph, before anything is added to the program."""
+    found = complex_refusal(aten_gm)
+    if found is not None:
+        n, reason = found
+        raise CaptureRefused(f"{reason} (node {n.name} in {_module(n)}); complex values are computed as real pairs "
+                             "and this op has no pair form")
 
 
 def dynamo_input_sources(gm: fx.GraphModule) -> list[str]:

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
+from .complex_pairs import rewrite_complex_pairs
 from .distributed import Collective, collective_arguments, is_functional_collective, is_wait, mesh_info, resolve_group
 from .ir import CapturedGraph, InputKind, Program, ProgramInput, Ref
 from .sources import layer_index, parse_source, relative_path, stack_path
@@ -127,7 +128,8 @@ def add_graph(
     dynamo_node_count: int = 0,
     break_reason: str | None = None,
 ) -> CapturedGraph:
-    """Add one ATen graph to ``program``; state writes become in-place ops (see :mod:`.state`)."""
+    """Add one ATen graph to ``program``; complex values become real pairs (see :mod:`.complex_pairs`), then state
+    writes become in-place ops (see :mod:`.state`)."""
     builder = _GraphBuilder(program, gm, graph_index, _aligned_inputs(gm, graph_index, dynamo_inputs))
     for pos, n in enumerate(gm.graph.nodes):
         builder.add(pos, n)
@@ -141,6 +143,7 @@ def add_graph(
         break_reason=break_reason,
         gm=gm,
     )
+    rewrite_complex_pairs(program, captured)
     captured.state_writes = convert_state_writes(program, captured)
     order_collectives(program, captured)
     program.graphs.append(captured)

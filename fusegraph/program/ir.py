@@ -20,7 +20,9 @@ checks), ``module`` (source module path like ``model.layers.3.self_attn.q_proj``
 
 ``input`` nodes carry ``input_kind`` (:class:`InputKind`), ``source`` (dynamo's name for it, e.g.
 ``G['cache'].layers[0].keys``), ``module`` (the parameter path, e.g. ``model.layers.0.mlp.gate.weight``), and
-``position`` (placeholder index). Edges point from producer to consumer; ``arg`` on an edge names the argument
+``position`` (placeholder index); a complex input has ``pairs_of`` (its complex dtype: the node is its real pairs,
+see :mod:`.complex_pairs`, and an op node that computes part of a complex op has ``complex_op``, that op's name).
+Edges point from producer to consumer; ``arg`` on an edge names the argument
 positions. Extra edges with ``hazard=True`` order readers of a state value before the in-place write of it.
 
 Tensor parallelism (:mod:`.distributed`, ``docs/tp.md``): an input that was a DTensor has ``sharding`` (a
@@ -91,6 +93,9 @@ class ProgramInput:
     dtype: str | None
     #: a DTensor input: how it is sharded (``shape`` is the local shard's); see :mod:`.distributed`
     sharding: Any = None
+    #: a complex input: its dtype (``"complex64"``). The caller passes the complex tensor; the program takes its real
+    #: pairs, ``torch.view_as_real`` of it (``shape`` and ``dtype`` are the pairs'); see :mod:`.complex_pairs`
+    pairs_of: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -104,6 +109,8 @@ class ProgramInput:
         }
         if self.sharding is not None:
             d["sharding"] = self.sharding.to_dict()
+        if self.pairs_of is not None:
+            d["pairs_of"] = self.pairs_of
         return d
 
 
@@ -152,6 +159,9 @@ class CapturedGraph:
     aten_node_count: int
     break_reason: str | None = None
     gm: Any = None  # the ATen torch.fx.GraphModule (not serialized)
+    #: output position -> complex dtype: the program computes that output as real pairs, the caller gets it back as
+    #: a complex tensor (``torch.view_as_complex``); see :mod:`.complex_pairs`
+    output_pairs: dict[int, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,6 +172,7 @@ class CapturedGraph:
             "dynamo_nodes": self.dynamo_node_count,
             "aten_nodes": self.aten_node_count,
             "break_reason": self.break_reason,
+            **({"output_pairs": dict(self.output_pairs)} if self.output_pairs else {}),
         }
 
 

@@ -46,4 +46,16 @@ def rope_tables_interleaved(inv_freq, position_ids, *, attention_scaling, dtype)
     return cos.to(dtype=dtype), sin.to(dtype=dtype)
 
 
-register_lowering(rope_tables, rope_tables_interleaved, host_side=True)(lower_on_host)
+@register_pattern("fusegraph.rope_tables_pairs", **{**TABLES, "outputs": ("freqs_cis",)})
+def rope_tables_pairs(inv_freq, position_ids, *, attention_scaling, dtype):
+    """Llama 4, DeepSeek-V2: ``torch.polar(torch.ones_like(freqs), freqs) * attention_scaling``, a complex table, as
+    the program holds it once complex values are real pairs (``fusegraph/program/complex_pairs.py``): the magnitude
+    times cos and sin of the angles, stacked last (``torch.view_as_real``'s layout). Host-side like the others, for
+    the same reason: sin/cos of arbitrary angles."""
+    freqs = position_ids[..., None].float() * inv_freq.to(dtype=torch.float)
+    magnitude = torch.ones_like(freqs)
+    table = torch.stack([magnitude * torch.cos(freqs), magnitude * torch.sin(freqs)], dim=-1)
+    return table * attention_scaling
+
+
+register_lowering(rope_tables, rope_tables_interleaved, rope_tables_pairs, host_side=True)(lower_on_host)

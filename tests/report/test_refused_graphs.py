@@ -1,5 +1,5 @@
-"""A graph fusegraph refuses (complex rope: ``view_as_complex`` / ``torch.polar``, as some families write RoPE) runs
-eagerly and counts as uncovered, with its reason: in the report, ``explain()`` and the capture summary. Before,
+"""A graph fusegraph refuses (complex rope in complex128: ``view_as_complex`` / ``torch.polar``, as some families write
+RoPE, but in a dtype Trainium has no pairs for; complex64 is captured as real pairs) runs eagerly and counts as uncovered, with its reason: in the report, ``explain()`` and the capture summary. Before,
 a step whose only graph was refused reported ``coverage: 1.0`` of 0 ops."""
 import warnings
 
@@ -14,12 +14,13 @@ class ComplexRopeLayer(torch.nn.Module):
     def __init__(self, hidden: int) -> None:
         super().__init__()
         self.q_proj = torch.nn.Linear(hidden, hidden)
-        self.register_buffer("freqs", torch.polar(torch.ones(hidden // 2), torch.linspace(0, 3, hidden // 2)))
+        self.register_buffer("freqs", torch.polar(torch.ones(hidden // 2, dtype=torch.float64),
+                                                  torch.linspace(0, 3, hidden // 2, dtype=torch.float64)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.q_proj(x)
-        c = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
-        return x + torch.view_as_real(c * self.freqs).flatten(-2)
+        c = torch.view_as_complex(q.double().reshape(*q.shape[:-1], -1, 2))
+        return x + torch.view_as_real(c * self.freqs).flatten(-2).float()
 
 
 class Head(torch.nn.Module):
@@ -63,16 +64,16 @@ def test_a_refused_only_graph_is_zero_coverage_with_its_reason():
     model = Model().eval()
     x = torch.randn(2, 64)
     report, warned = _explain(model, x)
-    assert len(warned) == 1 and "unsupported dtype complex64" in warned[0], warned
+    assert len(warned) == 1 and "unsupported dtype complex128" in warned[0], warned
     data = report.to_dict()
     assert data["op_count"] == 0 and data["graphs"] == 0
     assert data["coverage"] == 0.0 and data["coverage_matched"] == 0.0 and data["coverage_all_ops"] == 0.0
     (refused,) = data["refused_graphs"]
-    assert "complex64" in refused["reason"] and refused["decoder_ops"] == refused["ops"] > 0
+    assert "complex128" in refused["reason"] and refused["decoder_ops"] == refused["ops"] > 0
     assert data["refused_op_count"] == refused["ops"]
     assert data["boundaries_per_step"] == 1  # the refused graph runs as one eager segment
     text = report.format()
-    assert "coverage: 0.0%" in text and "graphs left to eager PyTorch (1" in text and "complex64" in text
+    assert "coverage: 0.0%" in text and "graphs left to eager PyTorch (1" in text and "complex128" in text
     with torch.no_grad():
         assert torch.equal(report.outputs, model(x))
 

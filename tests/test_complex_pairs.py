@@ -21,7 +21,7 @@ from fusegraph.capture.lower import to_aten
 from fusegraph.capture.session import last_session
 from fusegraph.executors.eager import EagerExecutor
 from fusegraph.models import build_decode, build_family_decode, greedy_decode
-from fusegraph.program import Program
+from fusegraph.program import CapturedGraph, InputKind, Program, ProgramInput
 from fusegraph.program.build import add_graph
 from fusegraph.program.complex_pairs import pair_boundary
 from fusegraph.report import report_for_session
@@ -234,6 +234,28 @@ def test_complex_inputs_and_outputs_through_dynamo():
     assert sorted(pairs.values()) == [("complex64", (3, 8, 2), "step"), ("complex64", (8, 2), "buffer")]
     assert list(graph.output_pairs.values()) == ["complex64"]
     assert _complex_left(last_session().program) == []
+
+
+def test_a_complex_weight_keeps_one_pairs_view():
+    """Weights and buffers are passed as the same pairs view at every call (the kernel executors key a staged weight
+    by its identity), a new one once the parameter's storage is replaced; step inputs are viewed at each call."""
+    pin = dict(module=None, shape=(8, 2), dtype="float32", pairs_of="complex64")
+    graph = CapturedGraph(index=0, inputs=[ProgramInput("g0.w", 0, InputKind.WEIGHT, "w", **pin),
+                                           ProgramInput("g0.z", 1, InputKind.STEP, "z", **pin)],
+                          outputs=[], state_writes={}, dynamo_node_count=0, aten_node_count=0)
+    seen = []
+    run = pair_boundary(graph, lambda args: seen.append(list(args)) or [])
+    w = torch.nn.Parameter(_c(8), requires_grad=False)
+    for _ in range(2):
+        run([w, _c(8, seed=2)])
+    (w1, z1), (w2, z2) = seen
+    assert w1 is w2 and z1 is not z2 and torch.equal(w1, torch.view_as_real(w))
+    with torch.no_grad():
+        w.mul_(2)  # in place: the view sees it
+    assert torch.equal(w1, torch.view_as_real(w))
+    w.data = _c(8, seed=3)  # new storage: a new view
+    run([w, _c(8, seed=2)])
+    assert seen[-1][0] is not w1 and torch.equal(seen[-1][0], torch.view_as_real(w))
 
 
 # ---- models ------------------------------------------------------------------------------------------------------

@@ -49,13 +49,14 @@ import itertools
 import logging
 import numbers
 import operator
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 
-from .ir import CapturedGraph, Program, ProgramInput, Ref
+from .ir import CapturedGraph, InputKind, Program, ProgramInput, Ref
 
 log = logging.getLogger(__name__)
 
@@ -658,19 +659,43 @@ def as_complex(t: Any) -> Any:
     return torch.view_as_complex(t if ok else t.contiguous())
 
 
+class _PairViews:
+    """The pairs view of each weight or buffer input, made once: the executors key a weight they staged in the
+    kernel's layout by the tensor's identity (``executors/weight_keys.py``), and a fresh view every call would be
+    re-staged every call. A view is made again when its tensor is another object or has other storage
+    (``p.data = t``); in-place updates reach the view, which shares the storage and the version counter."""
+
+    def __init__(self) -> None:
+        self._views: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+
+    def __call__(self, position: int, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or not t.is_complex():
+            return as_pairs(t)
+        where = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.is_conj())
+        hit = self._views.get(position)
+        if hit is not None and hit[0]() is t and hit[1] == where:
+            return hit[2]
+        view = as_pairs(t)
+        self._views[position] = (weakref.ref(t), where, view)
+        return view
+
+
 def pair_boundary(captured: CapturedGraph, runner: Callable[[Sequence[Any]], list]) -> Callable[[Sequence[Any]], list]:
     """``runner`` (which runs the rewritten graph on real pairs) called the way dynamo calls the graph: complex
     inputs are passed as their real pairs, complex outputs returned as complex tensors. A graph without complex
     inputs or outputs: ``runner`` itself."""
     inputs = [p.position for p in captured.inputs if p.pairs_of is not None]
+    constant = {p.position for p in captured.inputs
+                if p.pairs_of is not None and p.kind in (InputKind.WEIGHT, InputKind.BUFFER)}
     outputs = sorted(captured.output_pairs)
     if not inputs and not outputs:
         return runner
+    views = _PairViews()
 
     def run(args: Sequence[Any]) -> list:
         args = list(args)
         for i in inputs:
-            args[i] = as_pairs(args[i])
+            args[i] = views(i, args[i]) if i in constant else as_pairs(args[i])
         outs = list(runner(args))
         for j in outputs:
             outs[j] = as_complex(outs[j])

@@ -85,8 +85,10 @@ SELECT = {
 SCAN = {"aten.cumsum.default", "aten.cumprod.default"}
 #: ops the tensor path computes in place into a state tensor (every other in-place op is refused)
 STATE_WRITES = {"aten.copy_.default", "aten.index_copy_.default", "aten.index_put_.default"}
-#: the longest row a selection takes (one SBUF tile of the free axis; the tensor path's tiles.FREE_MAX)
-SELECT_MAX = 2048
+#: the longest row a selection takes (longer than one tile, each chunk's top values are candidates: a vocabulary's
+#: argmax is 16 chunks of 8), and the largest k (rounds of 8)
+SELECT_MAX = 1 << 18
+TOPK_MAX = 64
 #: the longest row a sort takes (n / 8 rounds of max8 over the row)
 SORT_MAX = 256
 
@@ -184,8 +186,9 @@ def _index_reason(G: nx.DiGraph, d: dict, op: str) -> str | None:
         return f"{op} with reduce="
     if op in SELECT:
         x = _src(G, args[0]) if args else None
-        if x is None or x.get("dtype") not in ("float32", "bfloat16", "float16"):
-            return f"{op} of {x and x.get('dtype')} values (the engines compare in fp32: floating values only)"
+        if x is None or x.get("dtype") not in ("float32", "bfloat16", "float16", "int32", "int64", "int16", "int8",
+                                               "uint8"):
+            return f"{op} of {x and x.get('dtype')} values"
         shape = tuple(x.get("shape") or ())
         if op == "aten.topk.default":
             dim = _arg(d, 2, "dim", -1)
@@ -199,6 +202,8 @@ def _index_reason(G: nx.DiGraph, d: dict, op: str) -> str | None:
         limit = SORT_MAX if op.startswith("aten.sort") else SELECT_MAX
         if n > limit:
             return f"{op} over {n} values (the tensor path selects along rows of up to {limit})"
+        if op == "aten.topk.default" and int(args[1]) > TOPK_MAX:
+            return f"top-{args[1]} (the tensor path selects up to {TOPK_MAX} by rounds of max8)"
     return None
 
 

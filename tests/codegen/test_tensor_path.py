@@ -408,7 +408,8 @@ class Router(torch.nn.Module):
 
 class ArgmaxTies(torch.nn.Module):
     """max.dim / min.dim / argmax / argmin over rows whose extremes occur twice (a row and its copy concatenated,
-    coarsely quantized): eager returns the first occurrence, and so must the kernel (no guard)."""
+    coarsely quantized), and over a row longer than one tile: eager returns the first occurrence, and so must the
+    kernel (no guard)."""
 
     def forward(self, x):
         B, S, H = x.shape
@@ -419,7 +420,8 @@ class ArgmaxTies(torch.nn.Module):
         mn, imn = d.min(dim=-1, keepdim=True)
         am = torch.argmax(d, dim=-1)
         an = torch.argmin(d.transpose(1, 2), dim=1)
-        pos = (imx + 3 * am + 5 * an + imn.squeeze(-1)).to(x.dtype)
+        far = torch.argmax(torch.cat([q.reshape(-1)] * 12))  # 3072 values: two chunks, the maximum in both
+        pos = (imx + 3 * am + 5 * an + imn.squeeze(-1) + far).to(x.dtype)
         y = h + 0.01 * (mx + mn.squeeze(-1) + 0.01 * pos).unsqueeze(-1)
         return y.reshape(B, S, H)
 
@@ -602,3 +604,68 @@ def test_a_state_written_at_runtime_rows_in_place():
     for lc, le in zip(case.model.model.layers, ref.model.model.layers):
         assert torch.allclose(lc.mlp.state, le.mlp.state, rtol=1e-5, atol=1e-5)
         assert lc.mlp.state.abs().sum() > 0
+
+
+LONG = torch.randn(3, 5000, generator=_g(7))
+LONG[:, 4321] = 9.0
+LONG[:, 2500] = 9.0  # the same maximum in two chunks (of 2048): the first occurrence is in the second chunk
+LONG_CASES = {
+    "argmax_long_row_ties_across_chunks": (A.argmax.default, (LONG, 1)),
+    "max_dim_long_row": (A.max.dim, (LONG, -1)),
+    "argmin_long_row": (A.argmin.default, (LONG, 1)),
+    "topk_long_row": (A.topk.default, (torch.randn(3, 4099, generator=_g(8)), 5)),
+    "topk_long_row_k12_smallest": (A.topk.default, (LONG, 12, 1, False)),
+    "argmax_int": (A.argmax.default, (torch.tensor([[3, 9, 9, -2], [0, 0, -5, 0]]), 1)),
+    "topk_int": (A.topk.default, (torch.tensor([[3, 9, 7, -2, 11, 0, 1, 2, 8]]), 3)),
+}
+
+
+@pytest.mark.parametrize("case", LONG_CASES, ids=str)
+def test_selection_over_rows_longer_than_a_tile_and_integers(case):
+    """A row of 5000 values is three chunks whose top values are candidates; argmax's first occurrence holds
+    across chunks. Integer values below 2^24 compare exactly in fp32."""
+    target, args = LONG_CASES[case]
+    got, ref, kflag, rflag = _one_op(target, args)
+    want = target(*args)
+    want = list(want) if isinstance(want, (tuple, list)) else [want]
+    _same(got, want)
+    _same(ref, want)
+    assert kflag == rflag == 0.0
+
+
+def test_integers_beyond_fp32_and_pads_in_long_rows_raise_the_guard():
+    big = torch.tensor([[1 << 24, (1 << 24) + 1, 3]])
+    assert _one_op(A.argmax.default, (big, 1))[2:] == (1.0, 1.0)
+    allneg = torch.full((2, 3000), float("-inf"))  # every candidate at or below -FLT_MAX: a chunk's pad could win
+    assert _one_op(A.max.dim, (allneg, 1))[2:] == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("rows", [[2, 0], [1, 7]], ids=["in_range", "one_out_of_range"])
+def test_index_copy_in_place_into_state(rows):
+    """``state.index_copy_(0, rows, src)`` written in place into a state input (what the lowering makes of a
+    state written at runtime rows): the rows in range are written, a row out of range is dropped (never written
+    at a clamped row: the executor then restores the state and recomputes the step eagerly) and raises the flag."""
+    from fusegraph.codegen import ir
+    from fusegraph.codegen.io import Guard
+    from fusegraph.codegen.testing import Builder, V
+
+    state0 = torch.randn(4, 6, generator=_g(9))
+    src = torch.randn(2, 6, generator=_g(10))
+    b = Builder(1)
+    st = b.hbm("state", state0.clone(), V.STATE)
+    idx = b.hbm("rows", torch.tensor(rows, dtype=torch.int32), V.INPUT)
+    sv = b.hbm("src", src, V.INPUT)
+    flag = ir.Value("flag", V.ROUTING, (1, 1), torch.float32)
+    ins = TensorOp(op="aten.index_copy_.default", args=(tv.whole(st), 0, tv.whole(idx), tv.whole(sv)), kwargs={},
+                   outs=(tv.whole(st),), target=lambda s, d, i, v: s.index_copy_(d, i.long(), v), fresh=(False,),
+                   flag=flag, flag_first=True)
+    b.ins.append(ins)
+    b.outputs.append(ir.Value("out_flag", V.OUTPUT, (1, 1), torch.float32))
+    b.ins.append(Guard(x=flag, dst=b.outputs[-1], reason="test"))
+    _, got, env, _ = b.run()
+    want = state0.clone()
+    ok = [(r, k) for k, r in enumerate(rows) if 0 <= r < 4]
+    for r, k in ok:
+        want[r] = src[k]
+    assert torch.equal(got["state"], want)
+    assert float(got["out_flag"].max()) == float(env["out_flag"].max()) == float(len(ok) < len(rows))

@@ -236,6 +236,26 @@ def test_complex_inputs_and_outputs_through_dynamo():
     assert _complex_left(last_session().program) == []
 
 
+def test_a_complex_value_crossing_a_graph_break():
+    """The first graph returns a complex value (as complex, from its pairs), the second takes it (as pairs): linked
+    pairs to pairs, results equal eager."""
+    def f(x, w):
+        z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * (1 + 1j)
+        torch._dynamo.graph_break()
+        return torch.view_as_real(z * w).flatten(-2)
+
+    x, w = _r(2, 16), _c(2, 8, seed=12)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="fusegraph", options={"executor": "eager", "cache_dir": "off"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FusegraphWarning)
+        assert torch.equal(compiled(x, w), f(x, w))
+    program = last_session().program
+    (link,) = [link for link in program.links if program.graph.nodes[link.dst_node].get("pairs_of")]
+    assert program.graph.nodes[link.src_node]["shape"] == program.graph.nodes[link.dst_node]["shape"] == (2, 8, 2)
+    assert _complex_left(program) == []
+
+
 def test_a_complex_weight_keeps_one_pairs_view():
     """Weights and buffers are passed as the same pairs view at every call (the kernel executors key a staged weight
     by its identity), a new one once the parameter's storage is replaced; step inputs are viewed at each call."""

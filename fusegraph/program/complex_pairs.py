@@ -85,6 +85,11 @@ def is_complex_dtype(dtype: Any) -> bool:
     return dtype is not None and str(dtype).replace("torch.", "").startswith("complex")
 
 
+def _has_complex(dtype: Any) -> bool:
+    """A node's dtype (a tuple for a multi-output op) has a complex one."""
+    return any(is_complex_dtype(d) for d in dtype) if isinstance(dtype, tuple) else is_complex_dtype(dtype)
+
+
 def _op_name(target: Any) -> str:
     return "getitem" if target is operator.getitem else str(target)
 
@@ -279,9 +284,9 @@ class _PairRewriter:
     # ---- queries --------------------------------------------------------------------------------------------
     def was_complex(self, node: str, index: int | None = None) -> bool:
         dt = self.dtype0.get(node, self.G.nodes[node].get("dtype"))
-        if isinstance(dt, tuple):
-            return any(is_complex_dtype(x) for x in dt) if index is None else is_complex_dtype(dt[index])
-        return is_complex_dtype(dt)
+        if isinstance(dt, tuple) and index is not None:
+            return is_complex_dtype(dt[index])
+        return _has_complex(dt)
 
     def kind(self, a: Any) -> str:
         if isinstance(a, Ref):
@@ -633,9 +638,10 @@ def rewrite_complex_pairs(program: Program, captured: CapturedGraph) -> int:
     are converted: :func:`~.build.add_graph` calls this) into real pairs; returns the number of ops rewritten (0:
     the graph has no complex value and is left as it is). An op without a pair form raises ``ValueError`` before
     anything changes; the capture checks refuse such a graph first (:func:`complex_refusal`)."""
+    gi = captured.index
+    if not any(_has_complex(d.get("dtype")) for _, d in program.graph.nodes(data=True) if d["graph"] == gi):
+        return 0  # the common case: one pass over the graph's nodes, nothing built
     rw = _PairRewriter(program, captured)
-    if not any(rw.was_complex(n) for n in rw.nodes):
-        return 0
     count = rw.run()
     log.debug("graph %d: %d complex ops rewritten into real pairs (%d no-ops removed)", captured.index, count,
               len(rw.removed))

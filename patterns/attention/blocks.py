@@ -404,9 +404,10 @@ def schedule(ops: list[Op], hw: Hardware) -> float:
     return max(end, pipe)
 
 
-def fold_time(s: StreamShape, hw: Hardware) -> float:
-    """The row groups' fold after the blocks (``pg > 1``): its instructions one after another (a chain: each reads
-    the previous one's result), a semaphore at every change of engine."""
+def fold_time(s: StreamShape, hw: Hardware, n: int = 1) -> float:
+    """The row groups' fold after the blocks (``pg > 1``) of ``n`` block loops (sequences x head groups): its
+    instructions one after another (a chain: each reads the previous one's result, a semaphore at every change of
+    engine), the other loops' folds behind it at the pace of the fold's busiest engine (see :func:`estimate`)."""
     if s.pg == 1:
         return 0.0
     f32 = {"float32"}
@@ -415,11 +416,13 @@ def fold_time(s: StreamShape, hw: Hardware) -> float:
     chain += [("scalar", "activation", s.RR), ("tensor", "nc_transpose", 1), ("vector", "tensor_copy", 1),
               ("vector", "tensor_scalar", s.D), ("vector", "tensor_scalar", 1), ("tensor", "nc_matmul", s.D + 1)]
     total, prev = 0.0, ""
+    busy: dict[str, float] = {}
     for engine, opcode, free in chain:
-        total += engine_time(hw, engine, opcode, free, f32)[0] + (hw.semaphore_cross_engine if prev and prev != engine
-                                                                   else 0.0)
+        t = engine_time(hw, engine, opcode, free, f32)[0]
+        busy[engine] = busy.get(engine, 0.0) + t
+        total += t + (hw.semaphore_cross_engine if prev and prev != engine else 0.0)
         prev = engine
-    return total
+    return total + (n - 1) * max(busy.values())
 
 
 def setup_time(s: StreamShape, hw: Hardware) -> float:
@@ -472,12 +475,15 @@ def estimate(s: StreamShape, hw: Hardware, L: int, *, sequences: int = 1, head_g
     # a head split with a short first block runs every full block in the loop (the short one is block 0)
     in_loop = full if (r and not s.pos_split) else max(0, full - 1)
     loops = -(-in_loop // unroll)
-    per = loops * iteration + (0.0 if (r and not s.pos_split) else body / unroll)
+    # n block loops (sequences x head groups), each draining its own iterations, each with its first and last block
+    # (and short block) outside the loop -- a chain per sequence, as the full model schedules them (their DMA
+    # latency and the transposes behind it do not overlap across sequences) -- and the folds, which do: one chain,
+    # the other sequences' following at the pace of the fold's busiest engine
+    n = sequences * head_groups
+    per = (0.0 if (r and not s.pos_split) else body / unroll) + setup_time(s, hw)
     if r:
-        Lr = -(-r // PMAX) * PMAX
-        per += schedule(body_ops(replace(s, Lb=Lr, pg=1, pipe=False), hw), hw)
-    per += fold_time(s, hw) + setup_time(s, hw)
-    return Estimate(iteration, loops, per * sequences * head_groups)
+        per += schedule(body_ops(replace(s, Lb=-(-r // PMAX) * PMAX, pg=1, pipe=False), hw), hw)
+    return Estimate(iteration, loops, n * (loops * iteration + per) + fold_time(s, hw, n))
 
 
 #: the running state the blocks of one iteration share (an unrolled body's blocks update it one after another)

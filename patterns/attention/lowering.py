@@ -29,7 +29,9 @@ Two templates, chosen by the cache length (:func:`stream_plan`):
 is read at the start of the layer, before its KV write (``StreamSwitches.prefetch``; read again after the write only when this
 step's row falls in it: bit-identical). A core with few query rows splits each block's positions into row groups
 (``StreamSwitches.row_groups``: ``[groups x rows, Lb / groups]`` score tiles, one running state per group, folded by one matmul
-at the end), so a softmax instruction runs over ``Lb / groups`` columns. Rounding: scores exactly as below; the probabilities are
+at the end), so a softmax instruction runs over ``Lb / groups`` columns. The block size and the row groups are the cost model's
+choice (:func:`choose_stream`, :mod:`.blocks`: the fastest candidate in a closed form of one drained loop iteration among
+those whose tiles fit SBUF and PSUM). Rounding: scores exactly as below; the probabilities are
   rounded before normalization (``exp(s - running max)`` in the query dtype, the sum and the rescaling in fp32,
   one division at the end), see docs/serving.md for the tolerance.
 

@@ -318,6 +318,13 @@ def lower_generic(L: Lowerer, m: Any) -> None:
         lower_tensor_piece(L, m, piece)
 
 
+@register_lowering("generic_host", host_side=True)
+def lower_generic_host(L: Lowerer, m: Any) -> None:
+    """A piece of step metadata (positions, masks; ``GenericPiece.host``): on the host before the kernel, like the
+    host-side rotary-table and mask patterns; its results reach the kernel as per-step inputs."""
+    L.host(m)
+
+
 def body_nodes(m: Any, graph: Any) -> list[str]:
     """The ATen ops of a match's body (its nodes that are ops), in program order."""
     return sorted((n for n in m.nodes if graph.nodes[n].get("kind") == "op"), key=lambda n: graph.nodes[n]["order"])

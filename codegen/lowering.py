@@ -340,8 +340,7 @@ def lower_region(program: Any, region: Any, tokens: int, name: str = "fusegraph_
     ``error.match`` set when one match is the cause)."""
     L = Lowerer(program, region, tokens, name)
     G = program.graph
-    # dependency order: a match's outputs come after the outputs of every match it reads from
-    ordered = sorted(region.matches, key=lambda m: max((G.nodes[n]["order"] for n in m.outputs.values()), default=0))
+    ordered = dependency_order(region.matches, G)
     for m in ordered:
         low = lowering_for(m.pattern.template)
         try:
@@ -404,6 +403,32 @@ def lower_region(program: Any, region: Any, tokens: int, name: str = "fusegraph_
                             outputs=out_values + state_values, meta={"region": getattr(region, "id", None)})
     return Lowered(program=prog, kernel_nodes=frozenset(L.kernel_nodes), host_nodes=frozenset(L.host_nodes),
                    args=dict(L.args), outputs=outputs, state=dict(L.state), guards=guards)
+
+
+def dependency_order(matches: list[Any], G: Any) -> list[Any]:
+    """Matches in an order where every match comes after each match it reads a value of; among those that are
+    ready, the one whose last output comes first (program order). Why not that key alone: a match with an early
+    and a late output (a projection feeding both a norm and, later, an attention variant's ops) would come after a
+    match that reads its early output."""
+    import networkx as nx
+
+    def key(m: Any) -> int:
+        return max((G.nodes[n]["order"] for n in m.outputs.values()), default=0)
+
+    owner = {n: i for i, m in enumerate(matches) for n in m.nodes}
+    dag = nx.DiGraph()
+    dag.add_nodes_from(range(len(matches)))
+    for i, m in enumerate(matches):
+        for n in m.nodes:
+            for p in G.predecessors(n):
+                j = owner.get(p)
+                if j is not None and j != i:
+                    dag.add_edge(j, i)
+    try:
+        order = list(nx.lexicographical_topological_sort(dag, key=lambda i: (key(matches[i]), i)))
+    except nx.NetworkXUnfeasible:  # matches that read each other: the program-order key, as before
+        return sorted(matches, key=key)
+    return [matches[i] for i in order]
 
 
 def _only_feeds(L: Lowerer, node: str, inside: set[str]) -> bool:

@@ -139,8 +139,9 @@ class Settings:
         0, "Usable SBUF bytes per partition (0 = the target's SBUF minus a 16 KiB reserve).", ge=0)
     generic_lowering: bool = _opt(
         True,
-        "Lower unmatched elementwise chains and feature-axis reductions (a custom activation or norm) without a "
-        "pattern, so they join the surrounding region instead of splitting it.",
+        "Lower ops no pattern covers (a custom activation or norm on the hidden state's own layout; any other op, "
+        "any shape, on the tensor path: docs/codegen.md), and the ops of a pattern whose lowering fails, so they "
+        "join the surrounding region's kernel instead of splitting it.",
     )
     lnc: int = _opt(
         1,

@@ -75,6 +75,17 @@ def kdt(dtype: torch.dtype) -> str:
     return nl_dtype(kernel_dtype(dtype))
 
 
+def literal(x: Any, dtype: torch.dtype = torch.float32) -> str:
+    """A compile-time constant as kernel source: ``float("-inf")`` for infinities (``repr`` would write a bare
+    ``-inf``, a NameError in the kernel), integers for integer types."""
+    if not kernel_dtype(dtype).is_floating_point:
+        return str(int(x))
+    v = float(x)
+    if math.isinf(v) or math.isnan(v):
+        return f'float("{v}")'
+    return repr(v)
+
+
 def flat_refs(x: Any) -> list[TRef]:
     if isinstance(x, TRef):
         return [x]

@@ -71,6 +71,11 @@ class TensorLowering:
         L = self.L
         nid = L.aliases.get(nid, nid)
         d = L.node(nid)
+        if d.get("shape") is None:  # a runtime Python number (a symbolic size): a one-element per-step input
+            dt = torch.float32 if d.get("dtype") in ("float32", "float64") else torch.int64
+            ref = TRef(L.step_input(nid, (1,), dtype=dt, label=f"in_{d.get('name') or nid}"), (), (), 0)
+            self.refs[key] = ref
+            return ref
         shape = tuple(int(s) for s in d["shape"])
         v = L.values.get(nid)
         if v is not None and v.kind == V.ACT:
@@ -79,12 +84,29 @@ class TensorLowering:
             ref = whole(v)
         elif d["kind"] == "input":
             ref = whole(self._argument(nid, d))
+        elif self._glue_view(nid, d):  # layout glue of the region over a kernel value: the same view here
+            ref = self._view_ref(nid, d)
         else:  # computed outside the kernel (eagerly, before it): a per-step input in its own shape
-            ref = whole(L.step_input(nid, shape, label=f"in_{d.get('name') or nid}"))
+            ref = whole(L.step_input(nid, shape or (1,), label=f"in_{d.get('name') or nid}"))
         if ref.shape != shape:
             ref = TRef(ref.value, shape, contiguous_strides(shape), ref.offset)
         self.refs[key] = ref
         return ref
+
+    def _glue_view(self, nid: str, d: dict) -> bool:
+        op = d.get("op")
+        return (d["kind"] == "op" and (CATEGORY.get(op) == "view" or op in _AS_VIEW) and op != "getitem"
+                and nid in getattr(self.L.region, "nodes", ()) and bool(d.get("args"))
+                and hasattr(d["args"][0], "node"))
+
+    def _view_ref(self, nid: str, d: dict) -> TRef:
+        src = self.ref(d["args"][0].node, getattr(d["args"][0], "index", None))
+        args = [src] + [self.arg(a) for a in d["args"][1:]]
+        made = view_of(d["op"], args, d["shape"]) if d["op"] not in _AS_VIEW else src
+        if made is None or isinstance(made, tuple):
+            raise CodegenError(f"{nid}: {d['op']} of {src.shape} is not a view the tensor path makes here")
+        self.L.kernel_nodes.add(nid)
+        return made
 
     def _argument(self, nid: str, d: dict) -> ir.Value:
         kind = str(getattr(d.get("input_kind"), "value", d.get("input_kind")))
@@ -94,7 +116,7 @@ class TensorLowering:
         if kind == "state":
             return self.L.hbm(nid)
         shape = tuple(int(s) for s in d["shape"])
-        return self.L.step_input(nid, shape, label=f"in_{d.get('name') or nid}")
+        return self.L.step_input(nid, shape or (1,), label=f"in_{d.get('name') or nid}")
 
     def _spill(self, nid: str, act: ir.Value) -> TRef:
         L = self.L
@@ -161,12 +183,14 @@ class TensorLowering:
 
     def _const(self, m: Any, n: str, d: dict) -> None:
         value = _evaluate(self.L.G, d)
-        value = value.to(kernel_dtype(value.dtype)).contiguous()
-        out = ir.Value(self.L.unique(f"c_{d.get('name') or n}"), V.TENSOR, tuple(value.shape), value.dtype, node=n)
+        dtype = value.dtype  # the logical type (bool, int64); the argument holds the kernel's (uint8, int32)
+        shape = tuple(value.shape)
+        value = value.to(kernel_dtype(dtype)).reshape(shape or (1,)).contiguous()  # kernel arguments have a dim
+        out = ir.Value(self.L.unique(f"c_{d.get('name') or n}"), V.TENSOR, tuple(value.shape), dtype, node=n)
         ins = TensorOp(op=d["op"], args=(), kwargs={}, outs=(whole(out),), target=d["target"], fresh=(False,),
                        const=value)
         self.L.emit(ins, _only(m, n))
-        self.refs[(n, None)] = whole(out)
+        self.refs[(n, None)] = TRef(out, shape, contiguous_strides(shape), 0)
 
     def _compute(self, m: Any, n: str, d: dict) -> None:
         L = self.L

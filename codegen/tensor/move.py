@@ -14,7 +14,7 @@ from typing import Any
 
 from ..emitters import Context
 from ..errors import CodegenError
-from .instruction import TensorOp, kernel_dtype, register_emitter, tile_alloc, tile_bytes
+from .instruction import TensorOp, kernel_dtype, literal, register_emitter, tile_alloc, tile_bytes
 from .tiles import Code, Tile, plan, walk
 from .view import TRef, broadcast_to, contiguous_strides, select, slice_
 
@@ -65,7 +65,7 @@ def copy_view(code: Code, ctx: Context, dst: TRef, src: TRef, label: str) -> Non
 def fill(code: Code, ctx: Context, dst: TRef, value: Any, label: str) -> int:
     """Every element of ``dst`` set to ``value``: one memset tile per tile of the walk, stored."""
     dt = kernel_dtype(dst.dtype)
-    lit = repr(float(value)) if dt.is_floating_point else str(int(value))
+    lit = literal(value, dt)
     scratch = [0]
 
     def body(tile: Tile) -> None:

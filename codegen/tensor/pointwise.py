@@ -14,7 +14,7 @@ import torch
 
 from ..emitters import Context
 from ..errors import CodegenError
-from .instruction import TensorOp, kernel_dtype, register_emitter, tile_alloc, tile_bytes
+from .instruction import TensorOp, kernel_dtype, literal, register_emitter, tile_alloc, tile_bytes
 from .tiles import Code, Tile, plan, walk
 from .view import TRef, broadcast_to
 
@@ -77,7 +77,7 @@ def _label(ins: TensorOp) -> str:
 def _scalar(x: Any) -> str:
     if isinstance(x, bool):
         return "1.0" if x else "0.0"
-    return repr(float(x))
+    return literal(x)
 
 
 @register_emitter(*ACTIVATIONS)
@@ -179,8 +179,14 @@ def _binary(ins: TensorOp, ctx: Context, code: Code) -> int:
     alu = ALU["sub" if reverse else name]
     a, b = ins.args[0], ins.args[1]
     alpha = ins.kwargs.get("alpha", ins.args[2] if len(ins.args) > 2 else 1)
-    if name in ("bitwise_and", "bitwise_or") and not (a.dtype == torch.bool and getattr(b, "dtype", None) == torch.bool):
-        raise CodegenError(f"{ins.op} of non-boolean values")
+    if name in ("bitwise_and", "bitwise_or"):
+        both = {a.dtype, getattr(b, "dtype", None)}
+        if both == {torch.bool}:
+            pass  # logical on 0/1 values
+        elif all(t is not None and not t.is_floating_point and t != torch.bool for t in both):
+            alu = name  # bit operations on integers (the ALU's bitvec operators)
+        else:
+            raise CodegenError(f"{ins.op} of {sorted(map(str, both))}")
     if not isinstance(b, TRef):  # x <op> scalar
         if alpha != 1:
             b = b * alpha
@@ -257,7 +263,7 @@ def _as_predicate(code: Code, ins: TensorOp, t: str, ref: TRef, tile: Tile) -> s
 def _src(x: Any, tiles: dict, ins: TensorOp, out_dt: torch.dtype, tile: Tile, code: Code) -> str:
     """A tile (of the output's dtype) or a scalar literal of ``x``."""
     if not isinstance(x, TRef):
-        return _scalar(x) if out_dt.is_floating_point else str(int(x))
+        return literal(x, out_dt)
     t = tiles[id(x)]
     if kernel_dtype(x.dtype) == out_dt:
         return t
@@ -268,7 +274,7 @@ def _src(x: Any, tiles: dict, ins: TensorOp, out_dt: torch.dtype, tile: Tile, co
 
 def _fill(o: str, x: Any, tiles: dict, ins: TensorOp, out_dt: torch.dtype, tile: Tile, code: Code) -> str:
     if not isinstance(x, TRef):
-        v = _scalar(x) if out_dt.is_floating_point else str(int(x))
+        v = literal(x, out_dt)
         return f"nisa.memset(dst={o}, value={v}, name=\"{_label(ins)}.fill\")"
     return f"nisa.tensor_copy(dst={o}, src={_src(x, tiles, ins, out_dt, tile, code)}, name=\"{_label(ins)}.fill\")"
 

@@ -13,17 +13,17 @@ import torch
 
 from ..emitters import Context
 from ..errors import CodegenError
-from .instruction import TensorOp, register_emitter, tile_alloc, tile_bytes
+from .instruction import TensorOp, literal, register_emitter, tile_alloc, tile_bytes
 from .tiles import Code, Tile, plan, walk
 from .view import TRef, contiguous_strides
 
 _OPS = {"aten.sum.dim_IntList": "add", "aten.sum.default": "add", "aten.mean.dim": "add", "aten.mean.default": "add",
         "aten.amax.default": "maximum", "aten.amin.default": "minimum", "aten.max.default": "maximum",
         "aten.min.default": "minimum"}
-#: the accumulator's start value (a finite fp32 extreme: an NKI literal cannot be inf; a reduction over values that
-#: are all -inf gives -FLT_MAX where eager gives -inf)
+#: the largest finite fp32 (selections pad with its negative: codegen/tensor/select.py)
 FLT_MAX = 3.4028234663852886e38
-_IDENTITY = {"add": 0.0, "maximum": -FLT_MAX, "minimum": FLT_MAX}
+#: the accumulator's start value
+_IDENTITY = {"add": 0.0, "maximum": float("-inf"), "minimum": float("inf")}
 
 
 def reduced_dims(ins: TensorOp) -> tuple[tuple[int, ...], bool]:
@@ -63,7 +63,7 @@ class _Reduction:
 
     def before(self, tile: Tile) -> None:
         self.acc = tile_alloc(self.code, (tile.p, 1), torch.float32, self.name, "acc")
-        self.code(f"nisa.memset(dst={self.acc}, value={_IDENTITY[self.alu]!r}, name=\"{self.name}.init\")")
+        self.code(f"nisa.memset(dst={self.acc}, value={literal(_IDENTITY[self.alu])}, name=\"{self.name}.init\")")
 
     def body(self, tile: Tile) -> None:
         code, shape = self.code, tile.shape()

@@ -50,7 +50,7 @@ def staged_weight(plan: KernelPlan, name: str, src: Any, spec: Any, whole: torch
 def marshal_input(src: Any, dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor:
     """A per-step input as the kernel reads it: padded, converted by its op (``ArgSource.convert``: a boolean mask
     to an additive one, ...), flattened to the kernel shape, indices as int32 (saturated)."""
-    v = t.detach()
+    v = t.detach() if isinstance(t, torch.Tensor) else torch.as_tensor(t)  # a runtime Python number (SymInt)
     if getattr(src, "pad", None) is not None and v.shape[-1] < src.pad[0]:
         size, value = src.pad
         v = torch.cat((v, v.new_full((*v.shape[:-1], size - v.shape[-1]), value)), dim=-1)

@@ -8,6 +8,8 @@ region (or the part of it) on the eager path with one warning naming the region 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,7 +25,9 @@ from ..codegen.errors import CodegenError
 from ..codegen.lowering import lower_region
 from ..codegen.megakernel import generate
 from ..codegen.registry import is_host_side, step_tokens
+from ..codegen.tensor import tensor_piece_refusal
 from ..matching.carve import carve
+from ..matching.generic import as_generic
 from .kernel_cache import cache_key, cache_root, default_cache_dir, entry_path, generate_cached  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -103,6 +107,9 @@ def _build_region(program: Program, graph_index: int, region: Any, label: str, s
                 if not found:
                     failed.append((part_label, e))
                 culprits += [c for c in found if all(c[0] is not d for d in dropped)]
+        culprits, region = _generic_instead(program, region, culprits, label, settings)
+        if culprits is None:
+            continue  # a failed pattern's ops go to generic lowering: build again
         if culprits and len(dropped) + len(culprits) < len(region.matches):
             for m, cause in culprits:
                 if all(m is not d for d in dropped):
@@ -135,6 +142,27 @@ def _build_kernel(program: Program, region: Any, tokens: int, name: str, label: 
                       cache_entry=entry_path(root, key) if cache_hit and root is not None else None)
 
 
+def _generic_instead(program: Program, region: Any, culprits: list[tuple[Any, str]], label: str,
+                     settings: Settings) -> tuple[list[tuple[Any, str]] | None, Any]:
+    """Patterns are the fast path, not the condition for fusing: a pattern match whose lowering failed is replaced
+    by generic lowering of its own ops (the tensor path takes any shape) when that can lower them, with one warning
+    (a plugin author learns their lowering failed; a user learns which op is slow). Returns ``(None, new region)``
+    when some match was replaced (build again), else the culprits left to drop."""
+    if not settings.generic_lowering:
+        return culprits, region
+    replaced = {}
+    for m, cause in culprits:
+        g = as_generic(program, m)
+        if g is not None and tensor_piece_refusal(program.graph, g.params["piece"]) is None:
+            replaced[id(m)] = g
+            warn(f"{label}: {m.pattern.name} at {m.module or 'the step'} ({_ops(program, m)}) cannot be lowered "
+                 f"({cause}); its ops run in the kernel through generic lowering instead")
+    if not replaced:
+        return culprits, region
+    matches = [replaced.get(id(m), m) for m in region.matches]
+    return None, dataclasses.replace(region, matches=sorted(matches, key=lambda m: m.order))
+
+
 def _culprits(e: Any, region: Any) -> list[tuple[Any, str]]:
     """The matches a build error names, with its cause: the match being lowered, or the matches of the
     instructions that failed to emit (an instruction that belongs to no match fails the whole kernel)."""
@@ -144,7 +172,7 @@ def _culprits(e: Any, region: Any) -> list[tuple[Any, str]]:
     causes = getattr(e, "causes", ()) or (str(e),) * len(e.instructions)
     for ins, cause in zip(e.instructions, causes):
         nodes = frozenset(ins.nodes)
-        m = next((m for m in region.matches if nodes and m.nodes == nodes), None)
+        m = next((m for m in region.matches if nodes and nodes <= m.nodes), None)  # a TensorOp: one node of its match
         if m is None:
             return []
         if all(m is not f for f, _ in found):

@@ -60,6 +60,10 @@ class GenericPiece:
     layer: int | None = None
     module: str | None = None
     ops: dict[str, int] = field(default_factory=dict)
+    #: every op depends only on step inputs, buffers and constants (positions, masks): computed on the host before
+    #: the kernel, like the host-side rotary-table and mask patterns, because a pattern may read it as a per-step
+    #: input converted on the host (a boolean mask made additive, a paged mask's extents)
+    host: bool = False
 
 
 def _numel(shape: Any) -> int:
@@ -205,15 +209,64 @@ def piece_of(G: nx.DiGraph, nodes: Iterable[str]) -> GenericPiece:
 def find_pieces(G: nx.DiGraph, candidates: set[str]) -> list[GenericPiece]:
     """Group supported candidate ops into weakly connected pieces (a piece never contains a pure view alone)."""
     ok = {n for n in candidates if supports(G, n)}
-    H = G.subgraph(ok)
+    meta = metadata_nodes(G)
     pieces = []
-    for comp in nx.weakly_connected_components(H):
-        if all(G.nodes[n]["op"] in VIEWS or CATEGORY.get(G.nodes[n]["op"]) == "view" for n in comp):
-            continue  # layout glue between matches: region formation absorbs it
-        pieces.append(piece_of(G, comp))
+    for host in (True, False):  # step metadata and the rest never share a piece (see GenericPiece.host)
+        H = G.subgraph({n for n in ok if (n in meta) == host})
+        for comp in nx.weakly_connected_components(H):
+            for part in convex_parts(G, comp):
+                for sub in nx.weakly_connected_components(G.subgraph(part)):
+                    if all(G.nodes[n]["op"] in VIEWS or CATEGORY.get(G.nodes[n]["op"]) == "view" for n in sub):
+                        continue  # layout glue between matches: region formation absorbs it
+                    piece = piece_of(G, sub)
+                    piece.host = host
+                    pieces.append(piece)
     return pieces
 
 
+_METADATA_INPUTS = ("step", "scalar", "buffer")
+
+
+def metadata_nodes(G: nx.DiGraph) -> set[str]:
+    """Nodes whose value depends only on step inputs (token ids, positions), buffers and constants: what a step
+    computes about positions and masks, never from the hidden state, a weight or a state tensor."""
+    meta: set[str] = set()
+    for n in sorted(G.nodes, key=lambda m: G.nodes[m].get("order", 0)):
+        d = G.nodes[n]
+        if d.get("kind") == "input":
+            if str(getattr(d.get("input_kind"), "value", d.get("input_kind"))) in _METADATA_INPUTS:
+                meta.add(n)
+        elif d.get("kind") == "op" and not d.get("writes_state") and not d.get("collective"):
+            preds = [p for p in G.predecessors(n) if not G.edges[p, n].get("hazard")]
+            if all(p in meta for p in preds):
+                meta.add(n)
+    return meta
+
+
+def convex_parts(G: nx.DiGraph, nodes: Iterable[str]) -> list[set[str]]:
+    """``nodes`` split into convex sets: a connected group of unmatched ops can wrap around a match (an MLA
+    attention's ops feed a norm match whose result they read again), and such a piece could never join a region
+    with that match. Each node's *depth* is the number of times a path into it left the group; nodes of equal
+    depth are convex (a path that leaves the group and comes back arrives one depth deeper, and depth never
+    decreases along a path)."""
+    inside = set(nodes)
+    start = min(G.nodes[n]["order"] for n in inside)
+    end = max(G.nodes[n]["order"] for n in inside)
+    depth: dict[str, int] = {}
+    for n in sorted((m for m in G.nodes if start <= G.nodes[m].get("order", -1) <= end),
+                    key=lambda m: G.nodes[m]["order"]):
+        d = 0
+        for p in G.predecessors(n):
+            if p in depth:
+                d = max(d, depth[p] + (1 if p in inside and n not in inside else 0))
+        if n in inside or d:
+            depth[n] = d
+    parts: dict[int, set[str]] = {}
+    for n in inside:
+        parts.setdefault(depth[n], set()).add(n)
+    return [parts[k] for k in sorted(parts)]
+
+
 __all__ = ["BINARY", "BODY_OPS", "elementwise_reason", "GenericPiece", "LAYER_NORM", "MATMULS", "OTHER", "PIECE_OPS", "SUPPORTED",
-           "TRANSPOSE", "UNARY", "VIEWS", "find_pieces", "matmul_operands", "piece_of", "pow_exponent", "supports",
+           "TRANSPOSE", "UNARY", "VIEWS", "convex_parts", "find_pieces", "metadata_nodes", "matmul_operands", "piece_of", "pow_exponent", "supports",
            "unsupported_reason", "value_class", "weight_of"]

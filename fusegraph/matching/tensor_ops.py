@@ -67,7 +67,8 @@ MOVE = {
 CONST = {
     "aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.arange.default", "aten.arange.start",
     "aten.arange.start_step", "aten.scalar_tensor.default", "aten.empty.memory_format", "aten.new_zeros.default",
-    "aten.new_ones.default", "aten.new_full.default", "get_attr", "aten.eye.default",
+    "aten.new_ones.default", "aten.new_full.default", "get_attr", "aten.eye.default", "aten.new_empty.default",
+    "aten.empty_like.default", "aten.new_empty_strided.default", "aten.empty.default",
 }
 
 CONV = {"aten.convolution.default"}
@@ -152,8 +153,10 @@ def tensor_reason(G: nx.DiGraph, node: str) -> str | None:
         src = G.nodes[args[0].node].get("shape") if hasattr(args[0], "node") else None
         if len(args) < 9 or args[6] or src is None or len(src) != 3:
             return f"{op}: only 1-D, non-transposed convolutions"
-    for ref in [a for a in _flat(d.get("args", ())) if hasattr(a, "node")]:
+    for ref in [a for a in _flat(list(d.get("args", ())) + list(d.get("kwargs", {}).values())) if hasattr(a, "node")]:
         src = G.nodes[ref.node]
+        if src.get("shape") is None and CATEGORY[op] != "pointwise":
+            return f"{op} with a runtime number as an argument"  # sizes and indices must be known at build time
         for dt in _dtypes(src):
             if dt is not None and dt not in DTYPES:
                 return f"{op} reads a {dt} value"

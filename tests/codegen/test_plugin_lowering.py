@@ -175,7 +175,7 @@ def test_template_hash_covers_plugin_templates(tmp_path):
 
 
 # ---- refused at region formation, never the whole region -----------------------------------------------------
-class CumsumBlock(torch.nn.Module):
+class I0Block(torch.nn.Module):
     def __init__(self, hidden: int) -> None:
         super().__init__()
         self.up = torch.nn.Linear(hidden, hidden)
@@ -183,36 +183,36 @@ class CumsumBlock(torch.nn.Module):
 
     def forward(self, x):
         h = self.up(x)
-        h = torch.cumsum(h, dim=-1) * 0.5
+        h = torch.i0(h) * 0.5
         return x + self.down(h)
 
 
 @pytest.fixture
-def cumsum_pattern():
-    @fusegraph.register_pattern("fgtest.half_cumsum", inputs=[fusegraph.Input("x", "T H")], priority=40,
+def i0_pattern():
+    @fusegraph.register_pattern("fgtest.half_i0", inputs=[fusegraph.Input("x", "T H")], priority=40,
                                 dtypes=("float32",))
-    def half_cumsum(x):
-        return torch.cumsum(x, dim=-1) * 0.5
+    def half_i0(x):
+        return torch.i0(x) * 0.5
 
     yield
-    unregister_pattern("fgtest.half_cumsum")
+    unregister_pattern("fgtest.half_i0")
 
 
-def test_unlowerable_match_is_refused_at_region_formation(cumsum_pattern):
-    """A pattern with no lowering whose body generic lowering cannot compute (cumsum) is refused when regions
+def test_unlowerable_match_is_refused_at_region_formation(i0_pattern):
+    """A pattern with no lowering whose body generic lowering cannot compute (a Bessel function, ``i0``: no generic path takes it) is refused when regions
     form, with its reason in the decision log and the report; the explain dry run shows the regions the executor
     then builds, and the rest of the block still runs as kernels."""
-    rep = fusegraph.explain(CumsumBlock(64).eval(), torch.randn(1, 1, 64))
+    rep = fusegraph.explain(I0Block(64).eval(), torch.randn(1, 1, 64))
     d = rep.to_dict()
-    (refusal,) = [x for x in d["decisions"] if x["action"] == "refuse_match" and "fgtest.half_cumsum" in x["subject"]]
-    assert "cannot be lowered" in refusal["reason"] and "cumsum" in refusal["reason"]
-    (u,) = [u for u in d["unmatched"] if u["op"] == "aten.cumsum.default"]
-    assert "fgtest.half_cumsum matched here but cannot be lowered" in u["reason"]
-    assert "fgtest.half_cumsum" not in d["pattern_counts"]
+    (refusal,) = [x for x in d["decisions"] if x["action"] == "refuse_match" and "fgtest.half_i0" in x["subject"]]
+    assert "cannot be lowered" in refusal["reason"] and "i0" in refusal["reason"]
+    (u,) = [u for u in d["unmatched"] if u["op"] == "aten.i0.default"]
+    assert "fgtest.half_i0 matched here but cannot be lowered" in u["reason"]
+    assert "fgtest.half_i0" not in d["pattern_counts"]
     explained = sorted(sorted(r.nodes) for r in rep.analysis.regions)
     assert explained
 
-    block = CumsumBlock(64).eval()
+    block = I0Block(64).eval()
     step = _compile(block)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -225,11 +225,11 @@ def test_unlowerable_match_is_refused_at_region_formation(cumsum_pattern):
     built = sorted(sorted(r.nodes) for r in record.run.analysis.regions)
     assert built == explained  # the dry run showed the regions the executor built
     assert record.launches_per_call == len(explained) and all(r.verification == "passed" for r in record.regions)
-    cumsum = [n for n, dd in record.run.program.graph.nodes(data=True) if dd.get("op") == "aten.cumsum.default"]
-    assert cumsum and not any(set(cumsum) & r.kernel_nodes for r in record.regions)  # it ran eagerly
+    i0 = [n for n, dd in record.run.program.graph.nodes(data=True) if dd.get("op") == "aten.i0.default"]
+    assert i0 and not any(set(i0) & r.kernel_nodes for r in record.regions)  # it ran eagerly
 
 
-def _decode_with_lowering(monkeypatch, lowering, lower, marker: str, steps: int) -> list[str]:
+def _decode_with_lowering(monkeypatch, lowering, lower, marker: str, steps: int, **options) -> list[str]:
     """Greedy-decode llama-tiny with ``lowering.lower`` replaced by ``lower``; tokens and logits must equal eager.
     Returns the fusegraph warnings that contain ``marker``."""
     from fusegraph.models import build_decode, greedy_decode
@@ -237,7 +237,7 @@ def _decode_with_lowering(monkeypatch, lowering, lower, marker: str, steps: int)
     monkeypatch.setattr(lowering, "lower", lower)
     case = build_decode("llama-tiny")
     ref = case.fork()
-    step = _compile(case.step)
+    step = _compile(case.step, **options)
     with pytest.warns(FusegraphWarning) as caught:
         toks_c, logits_c = greedy_decode(step, case.token, case.position, steps)
     toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, steps)
@@ -247,21 +247,41 @@ def _decode_with_lowering(monkeypatch, lowering, lower, marker: str, steps: int)
     return [str(w.message) for w in caught if marker in str(w.message)]
 
 
-def test_build_failure_sends_only_the_failing_match_to_the_eager_path(monkeypatch):
-    """A lowering that raises at build time (here: the residual add's of layer 1) costs that match only: one
-    warning naming it and the cause, the rest of the decoder stack stays in kernels, tokens equal eager."""
+def _flaky_add(targets: dict):
     add = registry.lowering_for("residual_add")
     original = add.lower
-
-    targets: dict = {}
 
     def flaky(L, m):  # the first residual add of layer 1 lowered (after its attention) fails, every time
         if m.pattern.name == "fusegraph.residual_add" and m.layer == 1:
             if targets.setdefault((id(L.prog), m.graphs), m) is m:
                 raise CodegenError("injected failure")
         return original(L, m)
+    return add, flaky
 
+
+def test_build_failure_sends_the_failing_match_to_generic_lowering(monkeypatch):
+    """A pattern's lowering that raises at build time (the residual add of layer 1) does not cost the kernel its
+    ops: generic lowering takes them (issue 27), one warning names the match and the cause, one launch, tokens
+    equal eager, and the add's ops ran in the kernel."""
+    targets: dict = {}
+    add, flaky = _flaky_add(targets)
     msgs = _decode_with_lowering(monkeypatch, add, flaky, "injected failure", steps=3)
+    assert msgs and len(set(msgs)) == 1 and len(msgs) <= 2
+    assert "fusegraph.residual_add at model.layers.1" in msgs[0] and "generic lowering" in msgs[0]
+    record = _record()
+    assert record.launches_per_call == 1 and all(r.verification == "passed" for r in record.regions)
+    (failed,) = [m for m in targets.values() if m.graphs == (record.graph,)][-1:]
+    ops = {n for n in failed.nodes if record.run.program.graph.nodes[n]["kind"] == "op"}
+    assert ops and ops <= set(record.regions[0].kernel_nodes)  # its ops ran in the kernel
+
+
+def test_build_failure_sends_only_the_failing_match_to_the_eager_path(monkeypatch):
+    """Without generic lowering (``generic_lowering=False``), a lowering that raises at build time (the residual
+    add of layer 1) costs that match only: one warning naming it and the cause, the rest of the decoder stack stays
+    in kernels, tokens equal eager."""
+    targets: dict = {}
+    add, flaky = _flaky_add(targets)
+    msgs = _decode_with_lowering(monkeypatch, add, flaky, "injected failure", steps=3, generic_lowering=False)
     # one warning per build (dynamo may compile the step twice in a long test session)
     assert msgs and len(set(msgs)) == 1 and len(msgs) <= 2
     assert "fusegraph.residual_add at model.layers.1" in msgs[0]
@@ -310,7 +330,7 @@ def test_lowering_keyboard_interrupt_propagates(monkeypatch):
 # ---- the registry ---------------------------------------------------------------------------------------------
 def test_builtin_lowerings_and_every_instruction_is_a_registered_op():
     lows = registry.lowerings()
-    assert registry.host_side_templates() == {"rope_tables", "causal_mask", "cache_position"}
+    assert registry.host_side_templates() == {"rope_tables", "causal_mask", "cache_position", "generic_host"}
     builtin_templates = {p.template for p in registered_patterns() if p.source == "fusegraph"}
     assert builtin_templates - {"all_reduce", "all_gather"} <= set(lows)
     for name, cls in registry.instruction_classes().items():

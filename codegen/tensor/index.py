@@ -272,12 +272,6 @@ def _vector(index: TRef) -> TRef:
     return TRef(index.value, (1,), (0,), index.offset) if not index.shape else index
 
 
-def _scalar_value(v: Any, what: str) -> Any:
-    if isinstance(v, TRef):
-        raise CodegenError(f"{what} with a tensor value")
-    return v
-
-
 # ---- gathers -----------------------------------------------------------------------------------------------------
 @register_emitter("aten.index_select.default")
 def _index_select(ins: TensorOp, ctx: Context, code: Code) -> int:

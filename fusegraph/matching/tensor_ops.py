@@ -205,8 +205,8 @@ def _index_reason(G: nx.DiGraph, d: dict, op: str) -> str | None:
         limit = SORT_MAX if op.startswith("aten.sort") else SELECT_MAX
         if n > limit:
             return f"{op} over {n} values (the tensor path selects along rows of up to {limit})"
-        if op == "aten.topk.default" and int(args[1]) > TOPK_MAX:
-            return f"top-{args[1]} (the tensor path selects up to {TOPK_MAX} by rounds of max8)"
+        if op == "aten.topk.default" and not 1 <= int(args[1]) <= TOPK_MAX:
+            return f"top-{args[1]} (the tensor path selects 1 to {TOPK_MAX} by rounds of max8)"
     return None
 
 

@@ -63,6 +63,28 @@ class Store(ir.Instruction):
         env[self.dst.name] = env[self.x.name].reshape(self.dst.shape).clone()
 
 
+@register_instruction
+@dataclass
+class LoadRouting(ir.Instruction):
+    """Bring a token-major ``[T, K]`` value from HBM (a tensor-path buffer the kernel computed, or a per-step
+    input) into a ROUTING tile: what MoE experts read their choices from when no router pattern made them (a
+    sigmoid or group-limited router lowered generically), so experts never depend on one router form."""
+
+    opcode: ClassVar[str] = "load_routing"
+    src: ir.Value
+    out: ir.Value  # ROUTING [T, K]
+
+    def emit(self, ctx: Context, i: int) -> Emitted:
+        T, K = self.out.shape
+        e = Emitted()
+        e.code("load_routing.j2", what=self.src.name, T=T, K=K, out=ctx.var(self.out), src=ctx.var(self.src),
+               dtype=nl_dtype(self.out.dtype), name=inst_name(self))
+        return e
+
+    def reference(self, env: dict[str, torch.Tensor]) -> None:
+        env[self.out.name] = env[self.src.name].reshape(self.out.shape).to(self.out.dtype)
+
+
 def store_code(ctx: Context, ins: "Store", *, half: int = 0, only_core0: bool = False) -> str:
     """The code storing ``ins.x`` (an SBUF activation) to ``ins.dst`` (HBM ``[T, F]`` row-major); ``half``: this
     core's half of the chunks under LNC=2."""

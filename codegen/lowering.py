@@ -26,7 +26,7 @@ from fusegraph.warnings import one_line as _one_line
 
 from . import ir
 from .errors import CodegenError
-from .io import Guard, Load, Store
+from .io import Guard, Load, LoadRouting, Store
 from .registry import body_lowering, lowering_for
 from .schedule import kv_first
 
@@ -270,6 +270,32 @@ class Lowerer:
         out = ir.Value(self.unique(f"a_{v.name}"), V.ACT, (self.T, n // self.T), v.dtype, node=nid)
         self.instructions.append(Load(src=v, out=out))
         self._on_chip[v.name] = out
+        return out
+
+    def routing(self, nid: str, views: tuple[str, ...] = (), dtype: torch.dtype | None = None) -> ir.Value:
+        """A token-major ``[T, K]`` value (routing weights, expert ids) as a ROUTING tile: a router's own, or any
+        value the kernel computed on the tensor path or received from outside, loaded once (MoE experts take
+        their choices from whatever computes them)."""
+        for cand in (nid, *reversed(views), *self._view_chain(nid)):
+            v = self.values.get(self.aliases.get(cand, cand))
+            if v is not None and v.kind == V.ROUTING:
+                return v
+        key = f"routing:{nid}"
+        if key in self.values:
+            return self.values[key]
+        d = self.node(nid)
+        n = 1
+        for s in d["shape"]:
+            n *= int(s)
+        if n % self.T:
+            raise CodegenError(f"routing value {nid} of shape {d['shape']} is not per-token for {self.T} tokens")
+        src = self.values.get(self.aliases.get(nid, nid))
+        if src is None or src.kind != V.TENSOR:
+            src = self.step_input(nid, tuple(int(x) for x in d["shape"]))
+        kdt = dtype or (torch.int32 if d["dtype"] in ("int64", "int32") else _dtype(d["dtype"]))
+        out = ir.Value(self.unique(f"r_{d.get('name') or nid}"), V.ROUTING, (self.T, n // self.T), kdt, node=nid)
+        self.instructions.append(LoadRouting(src=src, out=out))
+        self.values[key] = out
         return out
 
     def store_output(self, nid: str, value: ir.Value) -> None:

@@ -156,6 +156,12 @@ class _Body:
             except CodegenError as e:
                 self.failures.append((ins, e))
                 continue
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 - an emitter's bug (a plugin's, a shape it never saw) costs its
+                # instruction's match only, like a CodegenError: the executor retries without it (or generically)
+                self.failures.append((ins, CodegenError(f"{ins.opcode} emission raised {type(e).__name__}: {e}")))
+                continue
             self.module_code += [h for h in helpers if h not in self.module_code]
             self._place(i, ins, em)
         if self.failures:

@@ -94,10 +94,28 @@ class TensorLowering:
         return ref
 
     def _glue_view(self, nid: str, d: dict) -> bool:
+        """A layout op of the region over a value the kernel has (not over a per-step input: the host computes a
+        view of its own values, or a host-side piece that reads the view would wait for the kernel)."""
         op = d.get("op")
-        return (d["kind"] == "op" and (CATEGORY.get(op) == "view" or op in _AS_VIEW) and op != "getitem"
+        if not (d["kind"] == "op" and (CATEGORY.get(op) == "view" or op in _AS_VIEW) and op != "getitem"
                 and nid in getattr(self.L.region, "nodes", ()) and bool(d.get("args"))
-                and hasattr(d["args"][0], "node"))
+                and hasattr(d["args"][0], "node")):
+            return False
+        return self._in_kernel(d["args"][0].node)
+
+    def _in_kernel(self, nid: str) -> bool:
+        L = self.L
+        nid = L.aliases.get(nid, nid)
+        ref = self.refs.get((nid, None))
+        if ref is not None:
+            return ref.value.kind != V.INPUT
+        v = L.values.get(nid)
+        if v is not None:
+            return v.kind != V.INPUT
+        d = L.node(nid)
+        if d["kind"] == "input":
+            return str(getattr(d.get("input_kind"), "value", d.get("input_kind"))) in ("weight", "buffer", "state")
+        return self._glue_view(nid, d)
 
     def _view_ref(self, nid: str, d: dict) -> TRef:
         src = self.ref(d["args"][0].node, getattr(d["args"][0], "index", None))
@@ -114,6 +132,8 @@ class TensorLowering:
             label = (d.get("module") or d.get("source") or nid).replace("model.layers.", "l").replace("model.", "")
             return weight_for_use(self.L, nid, "as-is", f"{label}_t")
         if kind == "state":
+            if not d["shape"]:  # a 0-d counter: read as a one-element per-step input (kernel arguments have a dim)
+                return self.L.step_input(nid, (1,), label=f"in_{d.get('name') or nid}")
             return self.L.hbm(nid)
         shape = tuple(int(s) for s in d["shape"])
         return self.L.step_input(nid, shape or (1,), label=f"in_{d.get('name') or nid}")
@@ -186,7 +206,8 @@ class TensorLowering:
         dtype = value.dtype  # the logical type (bool, int64); the argument holds the kernel's (uint8, int32)
         shape = tuple(value.shape)
         value = value.to(kernel_dtype(dtype)).reshape(shape or (1,)).contiguous()  # kernel arguments have a dim
-        out = ir.Value(self.L.unique(f"c_{d.get('name') or n}"), V.TENSOR, tuple(value.shape), dtype, node=n)
+        # "ct_": never a pattern constant's key (norms and gates load "c_ones" on chip)
+        out = ir.Value(self.L.unique(f"ct_{d.get('name') or n}"), V.TENSOR, tuple(value.shape), dtype, node=n)
         ins = TensorOp(op=d["op"], args=(), kwargs={}, outs=(whole(out),), target=d["target"], fresh=(False,),
                        const=value)
         self.L.emit(ins, _only(m, n))
@@ -280,9 +301,10 @@ class TensorLowering:
         if n in {b.node for b in L.region.outputs} and n not in L.stored_outputs and ref.value.kind != V.STATE:
             d = L.node(n)
             shape = tuple(int(s) for s in d["shape"])
-            dst = ir.Value(L.unique(f"out_{d.get('name') or n}"), V.OUTPUT, shape,
+            dst = ir.Value(L.unique(f"out_{d.get('name') or n}"), V.OUTPUT, shape or (1,),  # outputs have a dim
                            kernel_dtype(getattr(torch, d["dtype"])), node=n)
-            L.emit(TensorOp(op="aten.copy.default", args=(whole(dst), ref), kwargs={}, outs=(whole(dst),),
+            out = TRef(dst, shape, contiguous_strides(shape), 0)
+            L.emit(TensorOp(op="aten.copy.default", args=(out, ref), kwargs={}, outs=(out,),
                             target=torch.ops.aten.copy.default, fresh=(False,)), _only(m, n))
             L.store_output(n, dst)
 

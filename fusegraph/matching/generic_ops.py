@@ -208,8 +208,9 @@ def piece_of(G: nx.DiGraph, nodes: Iterable[str]) -> GenericPiece:
 
 def find_pieces(G: nx.DiGraph, candidates: set[str]) -> list[GenericPiece]:
     """Group supported candidate ops into weakly connected pieces (a piece never contains a pure view alone)."""
-    ok = {n for n in candidates if supports(G, n)}
     meta = metadata_nodes(G)
+    # step metadata runs on the host (eagerly): any op; the rest only what generic lowering computes
+    ok = {n for n in candidates if (n in meta and G.nodes[n].get("kind") == "op") or supports(G, n)}
     pieces = []
     for host in (True, False):  # step metadata and the rest never share a piece (see GenericPiece.host)
         H = G.subgraph({n for n in ok if (n in meta) == host})
@@ -224,17 +225,29 @@ def find_pieces(G: nx.DiGraph, candidates: set[str]) -> list[GenericPiece]:
     return pieces
 
 
-_METADATA_INPUTS = ("step", "scalar", "buffer")
+def _floating(d: dict) -> bool:
+    """A float step input can be an activation (a user's step function's ``x``); ids, positions and boolean masks
+    are integers or booleans."""
+    dtype = d.get("dtype")
+    return isinstance(dtype, str) and dtype.startswith(("float", "bfloat", "complex"))
+
+
+def _counter(d: dict) -> bool:
+    """A state tensor that is a step counter (a cache's cumulative length: one integer), not model data."""
+    shape, dtype = d.get("shape"), d.get("dtype")
+    return isinstance(shape, tuple) and _numel(shape) <= 1 and isinstance(dtype, str) and dtype.startswith("int")
 
 
 def metadata_nodes(G: nx.DiGraph) -> set[str]:
-    """Nodes whose value depends only on step inputs (token ids, positions), buffers and constants: what a step
-    computes about positions and masks, never from the hidden state, a weight or a state tensor."""
+    """Nodes whose value depends only on integer or boolean step inputs (token ids, positions, masks), buffers,
+    step counters and constants: what a step computes about positions and masks, never from the hidden state, a
+    weight or a state tensor."""
     meta: set[str] = set()
     for n in sorted(G.nodes, key=lambda m: G.nodes[m].get("order", 0)):
         d = G.nodes[n]
         if d.get("kind") == "input":
-            if str(getattr(d.get("input_kind"), "value", d.get("input_kind"))) in _METADATA_INPUTS:
+            kind = str(getattr(d.get("input_kind"), "value", d.get("input_kind")))
+            if kind == "buffer" or (kind in ("step", "scalar") and not _floating(d)) or (kind == "state" and _counter(d)):
                 meta.add(n)
         elif d.get("kind") == "op" and not d.get("writes_state") and not d.get("collective"):
             preds = [p for p in G.predecessors(n) if not G.edges[p, n].get("hazard")]

@@ -59,6 +59,8 @@ class KVWrite(ir.Instruction):
 def lower_kv_update(L: Lowerer, m: Any) -> None:
     cache_node = L.input(m, "cache")
     cache = L.hbm(cache_node)
+    if len(cache.shape) != 4:  # another state written by index_copy_ (an SSM or convolution slot): generic lowering
+        raise CodegenError(f"a KV write into a {len(cache.shape)}-d state (a KV cache is [B, H, L, D])")
     value = L.act(L.input(m, "value"), L.views(m, "value"))
     index = L.step_input(L.input(m, "index"), (L.T,), torch.int32, "kv_position")
     L.emit(KVWrite(cache=cache, value=value, index=index), m)

@@ -282,18 +282,15 @@ def _guarded_linear(e: Emitted, guard: tuple[str, str], **kw: Any) -> None:
 
 
 def expert_operands(L: Lowerer, m: Any, what: str = "experts") -> tuple[ir.Value, ...]:
-    """(x, routing weights, expert indices, gate_up, down) of an experts match. Why the routing must be the kernel's
-    own values: the experts' weight DMAs are indexed by the router's choices in SBUF, so a router computed outside
-    the kernel (or not at all) cannot drive them."""
+    """(x, routing weights, expert indices, gate_up, down) of an experts match. The experts' weight DMAs are
+    indexed by the choices in SBUF: a router pattern's own ROUTING tiles, or any router the kernel computed (a
+    sigmoid, group-limited or sparsemixer router lowered generically) or received, loaded token-major
+    (``Lowerer.routing``), so experts do not depend on one router form."""
     x = L.act(L.input(m, "x"), L.views(m, "x"))
-    wv = L.values.get(L.input(m, "weights"))
-    iv = L.values.get(L.input(m, "indices"))
-    for view in L.views(m, "weights"):
-        wv = wv or L.values.get(view)
-    for view in L.views(m, "indices"):
-        iv = iv or L.values.get(view)
-    if wv is None or iv is None:
-        raise CodegenError(f"{what} must consume the routing computed by a router in the same kernel")
+    wv = L.routing(L.input(m, "weights"), L.views(m, "weights"))
+    iv = L.routing(L.input(m, "indices"), L.views(m, "indices"), dtype=torch.int32)
+    if what and wv.shape != iv.shape:
+        raise CodegenError(f"{what}: routing weights {wv.shape} and expert ids {iv.shape} differ")
     return x, wv, iv, L.hbm(L.input(m, "gate_up_proj")), L.hbm(L.input(m, "down_proj"))
 
 

@@ -5,9 +5,6 @@ eager torch reference within the case's tolerance (:func:`fusegraph.codegen.test
 Also: every op folder with an instruction declares cases that exercise each of its instructions (a new op without
 cases fails here, naming its folder), host-side folders say why they declare none, and the check can fail (a
 perturbed eager reference, a wrong reference VM, a wrong kernel).
-
-Attention and paged attention declare their cases in ``op_cases_attention.py`` beside this test for now (their
-folders are being edited); they move to ``patterns/attention/cases.py`` and ``patterns/paged_attention/cases.py``.
 """
 from __future__ import annotations
 
@@ -18,8 +15,6 @@ import torch
 
 from fusegraph.codegen import testing
 from fusegraph.codegen.testing import Builder, CaseProgram, OpCase, check_case, load_cases
-
-from . import op_cases_attention  # noqa: F401  (registers attention's and paged attention's cases)
 
 DECLARED = load_cases()
 CASES = [c for entry in sorted(DECLARED.values(), key=lambda e: e.op) for c in entry.cases]

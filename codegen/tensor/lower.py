@@ -84,6 +84,8 @@ class TensorLowering:
             ref = whole(v)
         elif d["kind"] == "input":
             ref = whole(self._argument(nid, d))
+        elif _same_value(L.G, d) is not None and self._in_kernel(_same_value(L.G, d)):
+            ref = self.ref(_same_value(L.G, d))  # a copy that equals its source: the source
         elif self._glue_view(nid, d):  # layout glue of the region over a kernel value: the same view here
             ref = self._view_ref(nid, d)
         else:  # computed outside the kernel (eagerly, before it): a per-step input in its own shape
@@ -318,6 +320,18 @@ class _One:
 
 def _only(m: Any, n: str) -> Any:
     return _One(m, n)
+
+
+def _same_value(G: Any, d: dict) -> str | None:
+    """The node a functional ``copy(dst, src)`` equals (same shape and dtype: no broadcast, no cast), as
+    canonicalization folds it (HF's tensor-parallel row linears all-reduce in place: ``copy(out, reduced)``)."""
+    if d.get("op") != "aten.copy.default" or d.get("writes_state") or len(d.get("args", ())) != 2:
+        return None
+    src = d["args"][1]
+    if not hasattr(src, "node"):
+        return None
+    s = G.nodes[src.node]
+    return src.node if s.get("shape") == d.get("shape") and s.get("dtype") == d.get("dtype") else None
 
 
 def _multi(d: dict) -> bool:

@@ -33,7 +33,10 @@ GENERIC_HOST = Pattern(name="fusegraph.generic_host", fn=_no_reference, inputs=(
 def generic_matches(program: Program, cv: CanonicalView, matches: list[Match]) -> list[Match]:
     G = program.graph
     covered = set().union(*(m.nodes for m in matches)) if matches else set()
-    candidates = {n for n, d in G.nodes(data=True) if d["kind"] == "op" and n not in covered}
+    # a node canonicalization folded into another (a functional copy that equals its source, a cat with one
+    # non-empty operand) is that value, not an op to compute: region formation treats it as glue
+    candidates = {n for n, d in G.nodes(data=True) if d["kind"] == "op" and n not in covered
+                  and cv.rep.get(n, n) == n}
     out = []
     for piece in find_pieces(G, candidates):
         canon = {cv.rep.get(n, n) for n in piece.nodes}

@@ -34,7 +34,7 @@ import torch
 from ..emitters import Context
 from ..errors import CodegenError
 from ..layout import PMAX
-from .instruction import TensorOp, kernel_dtype, register_emitter, register_guard, tile_alloc, tile_bytes
+from .instruction import TensorOp, kernel_dtype, literal, register_emitter, register_guard, tile_alloc, tile_bytes
 from .move import copy_view
 from .tiles import FREE_MAX, MAX_FREE_DIMS, MAX_TILES, Code, Plan, Tile, plan, walk
 from .view import TRef, broadcast_to, unsqueeze
@@ -252,7 +252,7 @@ def scatter(ins: TensorOp, ctx: Context, code: Code, base: TRef | None, shape: t
         if isinstance(src, TRef):
             code(f"nisa.dma_copy(dst={t}, src={tile.ap(ctx.var(src.value), src)}, name=\"{name}.load\")")
         else:
-            lit = repr(float(src)) if odt.is_floating_point else str(int(src))
+            lit = literal(src, odt)
             code(f"nisa.memset(dst={t}, value={lit}, name=\"{name}.value\")")
         code(f"nisa.dma_copy(dst={ix.ap(tile, ov, rows)}, src={t}, oob_mode=nisa.oob_mode.skip, "
              f"name=\"{name}.scatter\")")

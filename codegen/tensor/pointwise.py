@@ -223,30 +223,26 @@ def _div(ins: TensorOp, ctx: Context, code: Code) -> int:
 
 @register_emitter("aten.where.self")
 def _where(ins: TensorOp, ctx: Context, code: Code) -> int:
-    cond, a, b = ins.args[0], ins.args[1], ins.args[2]
-    refs = [r for r in (cond, a, b) if isinstance(r, TRef)]
+    return _select(ins, ctx, code, cond=ins.args[0], on_true=ins.args[1], on_false=ins.args[2])
+
+
+@register_emitter("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(ins: TensorOp, ctx: Context, code: Code) -> int:
+    return _select(ins, ctx, code, cond=ins.args[1], on_true=ins.args[2], on_false=ins.args[0])
+
+
+def _select(ins: TensorOp, ctx: Context, code: Code, *, cond: TRef, on_true: Any, on_false: Any) -> int:
+    """``where(cond, on_true, on_false)`` (and ``masked_fill``, the same select): ``on_false`` copied (or filled),
+    then ``on_true`` copied where the predicate is set -- a predicated copy, never an arithmetic blend (``0 * inf``
+    would make NaN)."""
+    refs = [r for r in (cond, on_true, on_false) if isinstance(r, TRef)]
     out_dt = kernel_dtype(ins.outs[0].dtype)
 
     def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
         tiles = dict(zip([id(r) for r in refs], t))
         c = _as_predicate(code, ins, tiles[id(cond)], cond, tile)
-        code(_fill(o, b, tiles, ins, out_dt, tile, code))
-        src = _src(a, tiles, ins, out_dt, tile, code)
-        code(f"nisa.tensor_copy_predicated(dst={o}, src={src}, predicate={c}, name=\"{_label(ins)}\")")
-    return elementwise(ins, ctx, code, refs, compute)
-
-
-@register_emitter("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
-def _masked_fill(ins: TensorOp, ctx: Context, code: Code) -> int:
-    x, mask, value = ins.args[0], ins.args[1], ins.args[2]
-    refs = [r for r in (x, mask, value) if isinstance(r, TRef)]
-    out_dt = kernel_dtype(ins.outs[0].dtype)
-
-    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
-        tiles = dict(zip([id(r) for r in refs], t))
-        c = _as_predicate(code, ins, tiles[id(mask)], mask, tile)
-        code(_fill(o, x, tiles, ins, out_dt, tile, code))
-        src = _src(value, tiles, ins, out_dt, tile, code)
+        code(_fill(o, on_false, tiles, ins, out_dt, tile, code))
+        src = _src(on_true, tiles, ins, out_dt, tile, code)
         code(f"nisa.tensor_copy_predicated(dst={o}, src={src}, predicate={c}, name=\"{_label(ins)}\")")
     return elementwise(ins, ctx, code, refs, compute)
 

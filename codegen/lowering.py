@@ -27,7 +27,7 @@ from fusegraph.warnings import one_line as _one_line
 from . import ir
 from .errors import CodegenError
 from .io import Guard, Load, LoadRouting, Store
-from .registry import body_lowering, lowering_for
+from .registry import body_lowering, lowering_for, service
 from .schedule import kv_first
 
 V = ir.ValueKind
@@ -408,6 +408,11 @@ def lower_region(program: Any, region: Any, tokens: int, name: str = "fusegraph_
             # a glue view of a kernel value is read outside: store what it views
             v = next((L.values[p] for p in L.G.predecessors(nid) if p in L.values), None)
         if v is None or v.kind == V.STATE:
+            continue
+        if v.kind == V.TENSOR:  # a tensor-path value (or a glue view of one) of any shape: its own copy out
+            dst = service("tensor output")(L, nid)
+            outputs[dst.name] = nid
+            out_values.append(dst)
             continue
         if v.kind != V.ACT:
             raise CodegenError(f"region output {nid} ({v.kind}) cannot leave the kernel")

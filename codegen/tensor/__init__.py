@@ -10,7 +10,10 @@ lowered piece by piece (:mod:`.lower`). Which ops it takes is matching's table
 """
 from . import conv, index, matmul, move, pointwise, reduce, scan, select  # noqa: F401  (emitter registration)
 from .instruction import EMITTERS, TensorOp
-from .lower import TensorLowering, lower_tensor_piece, tensor_piece_refusal
+from .lower import TensorLowering, lower_tensor_piece, store_tensor_output, tensor_piece_refusal
 from .view import TRef
+from ..registry import provide
+
+provide("tensor output", store_tensor_output)
 
 __all__ = ["EMITTERS", "TRef", "TensorLowering", "TensorOp", "lower_tensor_piece", "tensor_piece_refusal"]

@@ -123,6 +123,9 @@ class TensorLowering:
         src = self.ref(d["args"][0].node, getattr(d["args"][0], "index", None))
         args = [src] + [self.arg(a) for a in d["args"][1:]]
         made = view_of(d["op"], args, d["shape"]) if d["op"] not in _AS_VIEW else src
+        if made is None:  # PyTorch would copy too (a reshape of a transposed value): materialize, then view
+            args[0] = self._materialize(_GLUE, nid, src)
+            made = view_of(d["op"], args, d["shape"])
         if made is None or isinstance(made, tuple):
             raise CodegenError(f"{nid}: {d['op']} of {src.shape} is not a view the tensor path makes here")
         self.L.kernel_nodes.add(nid)
@@ -288,6 +291,19 @@ class TensorLowering:
         return out
 
     # ---- values out ----------------------------------------------------------------------------------------
+    def store_output(self, n: str) -> ir.Value:
+        """Region output ``n`` (a tensor-path value or a glue view of one) copied into its own kernel output."""
+        L = self.L
+        ref = self.ref(n)
+        d = L.node(n)
+        shape = tuple(int(s) for s in d["shape"])
+        dst = ir.Value(L.unique(f"out_{d.get('name') or n}"), V.OUTPUT, shape or (1,),  # outputs have a dim
+                       kernel_dtype(getattr(torch, d["dtype"])), node=n)
+        out = TRef(dst, shape, contiguous_strides(shape), 0)
+        L.emit(TensorOp(op="aten.copy.default", args=(out, ref), kwargs={}, outs=(out,),
+                        target=torch.ops.aten.copy.default, fresh=(False,)), _only(_GLUE, n))
+        return dst
+
     def hand_over(self, m: Any, n: str) -> None:
         """Piece output ``n``: a whole buffer in ``L.values`` (patterns read it through ``L.act``), and, when it
         leaves the region, copied into its kernel output."""
@@ -301,14 +317,7 @@ class TensorLowering:
         if ref.value.kind == V.TENSOR:
             L.values[n] = ref.value
         if n in {b.node for b in L.region.outputs} and n not in L.stored_outputs and ref.value.kind != V.STATE:
-            d = L.node(n)
-            shape = tuple(int(s) for s in d["shape"])
-            dst = ir.Value(L.unique(f"out_{d.get('name') or n}"), V.OUTPUT, shape or (1,),  # outputs have a dim
-                           kernel_dtype(getattr(torch, d["dtype"])), node=n)
-            out = TRef(dst, shape, contiguous_strides(shape), 0)
-            L.emit(TensorOp(op="aten.copy.default", args=(out, ref), kwargs={}, outs=(out,),
-                            target=torch.ops.aten.copy.default, fresh=(False,)), _only(m, n))
-            L.store_output(n, dst)
+            L.store_output(n, self.store_output(n))
 
 
 class _One:
@@ -316,6 +325,17 @@ class _One:
 
     def __init__(self, m: Any, n: str) -> None:
         self.layer, self.module, self.pattern, self.nodes = m.layer, m.module, m.pattern, frozenset({n})
+
+
+class _Glue:
+    """What a copy made for region glue (a view PyTorch would copy, a region output) is attributed to."""
+
+    layer = None
+    module = None
+    pattern = type("GluePattern", (), {"name": "fusegraph.generic"})()
+
+
+_GLUE = _Glue()
 
 
 def _only(m: Any, n: str) -> Any:
@@ -360,6 +380,12 @@ def _evaluate(G: Any, d: dict) -> torch.Tensor:
 def lower_tensor_piece(L: Lowerer, m: Any, piece: Any) -> None:
     """The tensor-path lowering of ``piece`` (see the module docstring)."""
     TensorLowering.of(L).lower(m, piece)
+
+
+def store_tensor_output(L: Lowerer, nid: str) -> ir.Value:
+    """Region output ``nid`` that is a tensor-path value (the "tensor output" service the region lowering asks
+    for: it never imports the tensor path)."""
+    return TensorLowering.of(L).store_output(nid)
 
 
 __all__ = ["TensorLowering", "lower_tensor_piece", "tensor_piece_refusal"]

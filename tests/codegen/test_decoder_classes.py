@@ -1,0 +1,51 @@
+"""One representative transformers family per class of decoder the bundled patterns do not cover (issue 27), tiny,
+random weights (``fusegraph.models.families.build_case``: the family sweep's own builder): each runs as one kernel
+per step with every op in it, verified on its first call, and gives eager's tokens.
+
+* DeepSeek-V3: MLA attention (q/kv low-rank projections, ``kv_b_proj`` over the cached positions, q/k with their
+  own head sizes) and a sigmoid router with a correction bias and group-limited top-k (no router pattern: the
+  experts read its choices through ``Lowerer.routing``).
+* LFM2: a short-convolution layer (a rolling state written with ``copy_``, a depthwise ``convolution``) beside
+  attention layers.
+* Qwen3-Next: gated-delta-rule linear attention (a recurrent state, not a KV cache) beside full attention, and MoE.
+
+The whole sweep over every ``*ForCausalLM`` class is ``benchmarks/bench_families.py`` (slow test
+``tests/test_family_sweep.py``).
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from fusegraph import FusegraphWarning
+from fusegraph.capture.session import last_session
+from fusegraph.models import greedy_decode
+from fusegraph.models.families import build_case
+from fusegraph.report import report_for_session
+
+STEPS = 3
+
+
+@pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next"])
+def test_family_runs_as_one_kernel_with_every_op(family):
+    case = build_case(family)
+    ref = case.fork()
+    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        toks_c, logits_c = greedy_decode(step, case.token, case.position, STEPS)
+    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, STEPS)
+    session = last_session()
+    stats = session.program.newest_execution()
+    assert stats.launches_per_call == 1, [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
+    assert list(stats.verification.values()) == ["passed"]
+    assert report_for_session(session).coverage == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
+    for a, b in zip(logits_c, logits_e):
+        assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
+    # nothing fell back: the only warnings allowed say a pattern's lowering gave its ops to generic lowering
+    eager = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)
+             and "through generic lowering" not in str(w.message)]
+    assert eager == []

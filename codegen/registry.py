@@ -257,11 +257,14 @@ def supported_templates() -> set[str]:
     return set(lowerings())
 
 
-def step_tokens(matches: Iterable[Any], graph: Any) -> int:
-    """Tokens per step (the batch of a decode step), from the first match whose lowering sizes it (``tokens=``; a
-    match lowered from its body: its first activation input); raises :class:`CodegenError` when none does or the
-    step is not a one-position decode step."""
-    matches = list(matches)
+class NotADecodeStep(CodegenError):
+    """Nothing in the matches sizes a decode step (no embedding, norm or projection): bare arithmetic."""
+
+
+def sized_tokens(matches: Iterable[Any], graph: Any) -> int | None:
+    """Tokens per step from the first of ``matches`` whose lowering sizes it; None when none does (a graph of
+    bare arithmetic is not a decode step). Raises :class:`CodegenError` where a sizer finds the step is not a
+    one-position decode step."""
     for m in matches:
         low = lowering_for(m.pattern.template)
         # a match lowered from its body sizes the step from its first activation input
@@ -269,8 +272,19 @@ def step_tokens(matches: Iterable[Any], graph: Any) -> int:
         t = sizer(m, graph) if sizer is not None else None
         if t is not None:
             return int(t)
+    return None
+
+
+def step_tokens(matches: Iterable[Any], graph: Any) -> int:
+    """Tokens per step (the batch of a decode step), from the first match whose lowering sizes it (``tokens=``; a
+    match lowered from its body: its first activation input); raises :class:`CodegenError` when none does or the
+    step is not a one-position decode step."""
+    matches = list(matches)
+    t = sized_tokens(matches, graph)
+    if t is not None:
+        return t
     names = ", ".join(sorted({m.pattern.name.split(".")[-1] for m in matches}))
-    raise CodegenError(f"a fragment without an embedding, norm or projection to size the decode step from "
+    raise NotADecodeStep(f"a fragment without an embedding, norm or projection to size the decode step from "
                        f"({names}) is not lowered")
 
 
@@ -367,6 +381,6 @@ __all__ = [
     "Lowering", "add_template_dir", "body_lowering", "builtin_op_dirs", "check", "codegen_options",
     "ensure_builtins", "host_side_templates", "instruction_class", "instruction_classes", "is_host_side",
     "lowering_for", "lowering_sources", "lowerings", "provide", "register_body_lowering",
-    "register_codegen_options", "register_instruction", "register_lowering", "service", "step_tokens",
+    "register_codegen_options", "register_instruction", "register_lowering", "service", "sized_tokens", "step_tokens", "NotADecodeStep",
     "supported_templates", "templates_hash", "tokens_hint", "unregister_lowering",
 ]

@@ -24,7 +24,7 @@ from ..warnings import warn
 from ..codegen.errors import CodegenError
 from ..codegen.lowering import lower_region
 from ..codegen.megakernel import generate
-from ..codegen.registry import is_host_side, step_tokens
+from ..codegen.registry import NotADecodeStep, is_host_side, sized_tokens, step_tokens
 from ..codegen.tensor import tensor_piece_refusal
 from ..matching.carve import carve
 from ..matching.generic import as_generic
@@ -53,11 +53,14 @@ class KernelPlan:
         return [why for name, why in self.lowered.guards.items() if bool((results[name] != 0).any())]
 
 
-def decode_tokens(program: Program, region: Any) -> int:
+def decode_tokens(program: Program, region: Any, others: list[Any] = ()) -> int:
     """Tokens per step (the batch of a decode step), as the region's lowerings size it (``tokens=`` of
-    :func:`fusegraph.codegen.registry.register_lowering`); raises if the region is not a one-position decode step."""
+    :func:`fusegraph.codegen.registry.register_lowering`); a region of generic pieces only (a graph-break
+    fragment, say) is sized by the rest of the step's matches ``others`` (every graph of a step has its tokens). Raises ``NotADecodeStep`` when
+    nothing sizes it, :class:`CodegenError` if the step is not a one-position decode step."""
 
-    return step_tokens(region.matches, program.graph)
+    t = sized_tokens(region.matches, program.graph)
+    return t if t is not None else step_tokens([*region.matches, *others], program.graph)
 
 
 def build_plans(program: Program, graph_index: int, analysis: Any, settings: Settings) -> list[KernelPlan]:
@@ -72,17 +75,21 @@ def build_plans(program: Program, graph_index: int, analysis: Any, settings: Set
         if len(region.graphs) > 1:
             warn(f"{label} spans a graph break; fusegraph runs each graph separately, so it stays on the eager path")
             continue
-        plans += _build_region(program, graph_index, region, label, settings)
+        plans += _build_region(program, graph_index, region, label, settings, analysis.matches)
     return plans
 
 
-def _build_region(program: Program, graph_index: int, region: Any, label: str, settings: Settings) -> list[KernelPlan]:
+def _build_region(program: Program, graph_index: int, region: Any, label: str, settings: Settings,
+                  others: list[Any] = ()) -> list[KernelPlan]:
     """The region as one kernel; when the build fails on some matches (their lowering or emission raised), the
     region without them: their ops run eagerly, with one warning each, and the rest stays in the kernel (as
     several kernels where dropping them breaks convexity, :func:`fusegraph.matching.carve.carve`)."""
 
     try:  # the whole region sizes the step: a part left without an embedding or a norm still knows it
-        tokens = decode_tokens(program, region)
+        tokens = decode_tokens(program, region, others)
+    except NotADecodeStep as e:  # no embedding, norm or projection in the step: bare arithmetic runs as it is
+        log.info("%s: %s; not a decode step, it runs as it is", label, e)
+        return []
     except CodegenError as e:
         if settings.pass_through_build_failures:
             raise

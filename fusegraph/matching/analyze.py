@@ -163,7 +163,7 @@ def _analyze(program: Program, settings: Settings, lowerable: Lowerable | None =
         kept = {id(m) for m in keep}
         accepted = [c for c, m in zip(accepted, matches) if id(m) in kept]
         matches = keep
-    if settings.generic_lowering:
+    if settings.generic_lowering and matches:  # generic pieces complete a step the patterns anchor
         from .generic import generic_matches
 
         generic = generic_matches(program, cv, matches)

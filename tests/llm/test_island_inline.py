@@ -1,7 +1,8 @@
 """Accepted LLM-written kernels inside the megakernel (issue 17 item 1).
 
-A tiny Llama whose MLP activation is a ``cumsum`` (no pattern and no generic lowering covers it) is compiled with
-the (fake) LLM writer on: the island is written before the kernel is built, joins the decoder-stack region as an
+A tiny Llama whose MLP activation is a ``cumsum`` (no pattern covers it, and the tensor path's scan is taken out of
+generic lowering's table for these tests, so it stands for an op nothing lowers) is compiled with the (fake) LLM
+writer on: the island is written before the kernel is built, joins the decoder-stack region as an
 ``llm_island`` match and is inlined as a sub-function, so the step is ONE launch. A text changed after
 verification, hostile text that reaches inlining, and a statically valid but numerically wrong kernel (a forged
 cache entry) are all refused, and the step's results stay eager's."""
@@ -18,6 +19,7 @@ from fusegraph.codegen.api import InlineSource
 from fusegraph.patterns.llm_island.lowering import recheck_source, sub_function
 from fusegraph.llm.harness import parse, static_checks
 from fusegraph.llm.safety import check_safety
+from fusegraph.matching import tensor_ops
 from fusegraph.models import build_decode, greedy_decode
 
 from . import kernels as K
@@ -85,6 +87,16 @@ def _close(logits_c, logits_e, toks_c, toks_e):
     assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
     for a, b in zip(logits_c, logits_e):
         assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cumsum_not_lowered():
+    """The tensor path computes cumsum (``fusegraph.codegen.tensor.scan``): without it in generic lowering's table,
+    the activation is an op nothing lowers, which is what these tests need."""
+    mp = pytest.MonkeyPatch()
+    mp.delitem(tensor_ops.CATEGORY, "aten.cumsum.default")
+    yield
+    mp.undo()
 
 
 @pytest.fixture

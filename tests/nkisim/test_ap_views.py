@@ -21,6 +21,7 @@ from fusegraph.codegen import ir
 from fusegraph.codegen.testing import Builder, V
 from fusegraph.nkisim import NkiSimError, load_kernel_source
 from fusegraph.nkisim.apiversion import API_ENV, api_version, use_api_version
+from fusegraph.patterns.attention.lowering import StreamSwitches, use_switches
 
 HDR = "import nki\nimport nki.language as nl\nimport nki.isa as nisa\n"
 _n = itertools.count()
@@ -183,14 +184,14 @@ def test_streamed_row_group_copies_call_ap_on_the_tiles_and_match_the_reference(
     """No ``.ap`` on a slice in the emitted kernel; under 0.3 (which would reject one) it matches the reference
     VM, and under 0.6 it computes bit for bit the same (no view-dependent addressing left)."""
     b = _row_group_attention()
-    with use_api_version("0.3.0"):
+    with use_api_version("0.3.0"), use_switches(StreamSwitches(row_groups=4)):  # 4 groups, not the modeled choice
         gen, res, ref, _ = b.run()
     copies = [s for s in gen.source.splitlines() if ".pT_copy" in s and ".ap(" in s]
     assert copies and not re.search(r"\]\.ap\(", gen.source)
     offsets = [int(v) for s in copies for v in re.findall(r"pTz\.ap\(pattern=\[.*?\]\], offset=(\d+)", s)]
     assert any(o >= 32 * 4 * 8 for o in offsets), offsets  # a row group past partition 0, in the offset
     torch.testing.assert_close(res["out_o"].float(), ref["o"].float(), atol=2e-5, rtol=2e-5)
-    with use_api_version("0.6.0"):
+    with use_api_version("0.6.0"), use_switches(StreamSwitches(row_groups=4)):
         _, res6, _, _ = b.run()
     assert torch.equal(res6["out_o"], res["out_o"])
 

@@ -13,7 +13,10 @@ from fusegraph.modelperf import tp
 from fusegraph.perf.params import load_params
 
 L = 4096
-CFG = tp.TPConfig("llama-tiny", "trn3", 2, 1, layers=1, cache_len=L, batch=2, full_cache=True)
+# blocks of 1,024 pinned (4 blocks): the modeled choice takes the rank's one kv head in one block of 4,096, where a
+# position-0 step reads as much as a full one (tests/serving/test_stream_choice.py checks that choice)
+CFG = tp.TPConfig("llama-tiny", "trn3", 2, 1, layers=1, cache_len=L, batch=2, full_cache=True,
+                  options=(("attn_block", 1024),))
 
 
 @pytest.fixture(scope="module")

@@ -221,6 +221,41 @@ def _div(ins: TensorOp, ctx: Context, code: Code) -> int:
     return elementwise(ins, ctx, code, [a, b], compute)
 
 
+@register_emitter("aten.floor_divide.default", "aten.floor_divide.Scalar")
+def _floor_divide(ins: TensorOp, ctx: Context, code: Code) -> int:
+    """``a // b`` for a number ``b`` known when the kernel is built (HF's ``perm // top_k``): the quotient through
+    the reciprocal, floored, then corrected by the remainder so an integer quotient is exact (``9 * (1/3)`` is
+    2.9999998 in fp32). Integers compute in fp32 on the engines: exact for magnitudes below 2^24, like every
+    integer the tensor path computes (row indices, positions)."""
+    a, b = ins.args[0], ins.args[1]
+    if isinstance(b, TRef) or not b:
+        raise CodegenError(f"{ins.op} by {'a tensor' if isinstance(b, TRef) else 'zero'}")
+    if a.dtype.is_floating_point:
+        raise CodegenError(f"{ins.op} of {a.dtype} (floats: not on the tensor path)")
+    b = float(b)
+
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        lab = _label(ins)
+        x, f, rf, tmp = (tile_alloc(code, tile.shape(), torch.float32, lab, w) for w in ("x", "q", "qf", "tmp"))
+        r = tile_alloc(code, tile.shape(), torch.int32, lab, "qi")
+        code(f"nisa.tensor_copy(dst={x}, src={t[0]}, name=\"{lab}.x\")")
+        code(f"nisa.tensor_scalar(dst={f}, data={x}, op0=nl.multiply, operand0={1.0 / b!r}, name=\"{lab}.q\")")
+        code(f"nisa.tensor_copy(dst={r}, src={f}, name=\"{lab}.rint\")")
+        code(f"nisa.tensor_copy(dst={rf}, src={r}, name=\"{lab}.rintf\")")
+        code(f"nisa.tensor_tensor(dst={tmp}, data1={rf}, data2={f}, op=nl.greater, name=\"{lab}.over\")")
+        code(f"nisa.tensor_tensor(dst={rf}, data1={rf}, data2={tmp}, op=nl.subtract, name=\"{lab}.floor\")")
+        # remainder x - q * b, in [0, |b|) (b > 0) or (-|b|, 0] (b < 0) when q is right; one step either way else
+        code(f"nisa.scalar_tensor_tensor(dst={tmp}, data={rf}, op0=nl.multiply, operand0={-b!r}, op1=nl.add, "
+             f"operand1={x}, name=\"{lab}.rem\")")
+        up, down = ("greater_equal", "less") if b > 0 else ("less_equal", "greater")
+        code(f"nisa.tensor_scalar(dst={f}, data={tmp}, op0=nl.{up}, operand0={b!r}, name=\"{lab}.up\")")
+        code(f"nisa.tensor_tensor(dst={rf}, data1={rf}, data2={f}, op=nl.add, name=\"{lab}.inc\")")
+        code(f"nisa.tensor_scalar(dst={f}, data={tmp}, op0=nl.{down}, operand0=0.0, name=\"{lab}.down\")")
+        code(f"nisa.tensor_tensor(dst={rf}, data1={rf}, data2={f}, op=nl.subtract, name=\"{lab}.dec\")")
+        code(f"nisa.tensor_copy(dst={o}, src={rf}, name=\"{lab}\")")
+    return elementwise(ins, ctx, code, [a], compute)
+
+
 @register_emitter("aten.where.self")
 def _where(ins: TensorOp, ctx: Context, code: Code) -> int:
     return _select(ins, ctx, code, cond=ins.args[0], on_true=ins.args[1], on_false=ins.args[2])

@@ -17,7 +17,8 @@ Categories: ``view`` (no data moves: a new view of the same buffer), ``pointwise
 broadcasting), ``reduce`` (over any dims), ``matmul`` (any two operands), ``conv`` (1-D convolutions), ``move`` (data movement: concatenation,
 padding, copies, writes of state), ``const`` (tensors whose value is known when the kernel is built), ``index``
 (runtime indices: gathers and scatters by indirect DMA, in-place writes of state rows), ``select`` (top-k, max/min
-with indices, argmax/argmin, sort of short rows), ``scan`` (cumsum, cumprod).
+with indices, argmax/argmin, sort of short rows), ``scan`` (cumsum, cumprod), ``grouped`` (HF's grouped-MoE
+ops: the grouped matmul of each row against its expert's weights, the tokens-per-expert histogram).
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ POINTWISE = {
     "aten.maximum.default", "aten.minimum.default", "aten.pow.Tensor_Tensor", "aten.eq.Tensor", "aten.eq.Scalar",
     "aten.ne.Tensor", "aten.ne.Scalar", "aten.lt.Tensor", "aten.lt.Scalar", "aten.le.Tensor", "aten.le.Scalar",
     "aten.gt.Tensor", "aten.gt.Scalar", "aten.ge.Tensor", "aten.ge.Scalar", "aten.logical_and.default",
-    "aten.logical_or.default", "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor",
+    "aten.logical_or.default", "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor", "aten.floor_divide.default",
+    "aten.floor_divide.Scalar",
     # ternary
     "aten.where.self",
 }
@@ -84,6 +86,9 @@ SELECT = {
     "aten.sort.default", "aten.sort.stable",
 }
 SCAN = {"aten.cumsum.default", "aten.cumprod.default"}
+#: HF's grouped-MoE path: the grouped matmul (transformers' fallback op in fp32, ``aten._grouped_mm`` in bf16) and
+#: the tokens-per-expert histogram its offsets come from
+GROUPED = {"transformers.grouped_mm_fallback.default", "aten._grouped_mm.default", "aten.histc.default"}
 #: ops the tensor path computes in place into a state tensor (every other in-place op is refused)
 STATE_WRITES = {"aten.copy_.default", "aten.index_copy_.default", "aten.index_put_.default"}
 #: the longest row a selection takes (longer than one tile, each chunk's top values are candidates: a vocabulary's
@@ -97,6 +102,7 @@ CATEGORY: dict[str, str] = {
     **{op: "view" for op in VIEW}, **{op: "conv" for op in CONV}, **{op: "pointwise" for op in POINTWISE}, **{op: "reduce" for op in REDUCE},
     **{op: "matmul" for op in MATMUL}, **{op: "move" for op in MOVE}, **{op: "const" for op in CONST},
     **{op: "index" for op in INDEX}, **{op: "select" for op in SELECT}, **{op: "scan" for op in SCAN},
+    **{op: "grouped" for op in GROUPED},
 }
 
 #: element types the tensor path computes in (int64 indices are int32 in the kernel: NKI has no 64-bit integers)
@@ -162,6 +168,22 @@ def tensor_reason(G: nx.DiGraph, node: str) -> str | None:
                 return f"{op} reads a {dt} value"
     if op in INDEX or op in SELECT:
         return _index_reason(G, d, op)
+    if op in GROUPED:
+        return _grouped_reason(d, op)
+    if op.startswith("aten.floor_divide") and hasattr(_arg(d, 1, "other", None), "node"):
+        return f"{op} by a tensor (the tensor path divides by a number known when the kernel is built)"
+    return None
+
+
+def _grouped_reason(d: dict, op: str) -> str | None:
+    """What the grouped emitters need (``fusegraph.codegen.tensor.grouped`` says why)."""
+    if op == "aten.histc.default":
+        lo, hi = _arg(d, 2, "min", 0), _arg(d, 3, "max", 0)
+        if not float(hi) > float(lo):
+            return "histc without a static range (min >= max: eager takes the data's own)"
+        return None
+    if _arg(d, 3, "bias", None) is not None or _arg(d, 4, "out_dtype", None) is not None:
+        return f"{op} with a bias or an out_dtype"
     return None
 
 
@@ -216,5 +238,5 @@ def _flat(x: Any) -> list[Any]:
     return [x]
 
 
-__all__ = ["CATEGORY", "CONST", "CONV", "DTYPES", "INDEX", "MATMUL", "MAX_ELEMENTS", "MOVE", "POINTWISE", "REDUCE",
+__all__ = ["CATEGORY", "CONST", "CONV", "DTYPES", "GROUPED", "INDEX", "MATMUL", "MAX_ELEMENTS", "MOVE", "POINTWISE", "REDUCE",
            "SCAN", "SELECT", "STATE_WRITES", "VIEW", "tensor_reason"]

@@ -8,6 +8,9 @@ per step with every op in it, verified on its first call, and gives eager's toke
 * LFM2: a short-convolution layer (a rolling state written with ``copy_``, a depthwise ``convolution``) beside
   attention layers.
 * Qwen3-Next: gated-delta-rule linear attention (a recurrent state, not a KV cache) beside full attention, and MoE.
+* GPT-OSS: experts through HF's grouped-MoE path with its own hooks (weights stored ``[E, in, out]``, biases, a
+  clamped interleaved SwiGLU: no experts pattern), attention with sinks, a top-k -> softmax router: the grouped
+  matmul, ``histc`` and the sort / gathers around them run on the tensor path (``codegen/tensor/grouped.py``).
 
 The whole sweep over every ``*ForCausalLM`` class is ``benchmarks/bench_families.py`` (slow test
 ``tests/test_family_sweep.py``).
@@ -28,7 +31,7 @@ from fusegraph.report import report_for_session
 STEPS = 3
 
 
-@pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next"])
+@pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next", "GptOss"])
 def test_family_runs_as_one_kernel_with_every_op(family):
     case = build_case(family)
     ref = case.fork()

@@ -204,7 +204,8 @@ def _one_op(target, args: tuple, kwargs: dict | None = None, *, out_like=None):
     targs = arg(args)
     results = out_like if out_like is not None else target(*args, **kwargs)
     results = tuple(results) if isinstance(results, (tuple, list)) else (results,)
-    op = f"aten.{target._schema.name.split('::')[1]}.{target._overloadname}"
+    ns, base = target._schema.name.split("::")
+    op = f"{ns}.{base}.{target._overloadname}"
     tmp = [ir.Value(f"t{k}", V.TENSOR, tuple(r.shape), r.dtype) for k, r in enumerate(results)]
     outs = [ir.Value(f"o{k}", V.OUTPUT, tuple(r.shape) or (1,), kernel_dtype(r.dtype)) for k, r in enumerate(results)]
     ins = TensorOp(op=op, args=targs, kwargs=dict(kwargs), outs=tuple(tv.whole(t) for t in tmp), target=logical,
@@ -379,6 +380,47 @@ def test_scans_equal_eager(case):
         assert torch.allclose(ref[0].float(), want.float())
     else:
         assert torch.equal(g, want)
+
+
+def _grouped_mm_fallback():
+    import transformers.integrations.moe  # noqa: F401  (registers torch.ops.transformers.grouped_mm_fallback)
+
+    return torch.ops.transformers.grouped_mm_fallback.default
+
+
+IDS = torch.tensor([0.0, 3.0, 3.0, 1.0, 3.0, 0.0, 2.0, 3.0])
+GROUPED_CASES = {
+    # 6 rows in groups of 2, 0, 3, 1 (an empty group); K = 200: two K tiles, one partial
+    "grouped_mm_groups": (lambda: (_grouped_mm_fallback(), (torch.randn(6, 200, generator=_g(7)),
+                                                          torch.randn(4, 200, 40, generator=_g(8)),
+                                                          torch.tensor([2, 2, 5, 6], dtype=torch.int32)))),
+    # rows 4 and 5 past the last offset: zero, as the fallback op leaves them; N = 600: two N tiles
+    "grouped_mm_rows_past_the_end": (lambda: (_grouped_mm_fallback(), (torch.randn(6, 64, generator=_g(9)),
+                                                                     torch.randn(3, 64, 600, generator=_g(10)),
+                                                                     torch.tensor([1, 4, 4], dtype=torch.int32)))),
+    "histc_expert_ids": (lambda: (A.histc.default, (IDS, 4, 0, 3))),
+    "histc_out_of_range_and_max": (lambda: (A.histc.default, (torch.tensor([-1.0, 0.0, 0.49, 0.5, 2.0, 2.5, 9.0]),
+                                                              5, 0.0, 2.5))),
+    "histc_bins_over_128": (lambda: (A.histc.default, (torch.arange(300.0).remainder(150), 150, 0, 149))),
+    "floor_divide_by_3": (lambda: (A.floor_divide.default, (torch.arange(-10, 11), 3))),
+    "floor_divide_by_minus_4": (lambda: (A.floor_divide.default, (torch.arange(-10, 11), -4))),
+    "floor_divide_top_k": (lambda: (A.floor_divide.default, (torch.arange(64), 8))),
+}
+
+
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=str)
+def test_grouped_moe_ops_equal_eager(case):
+    """HF's grouped-MoE path (issue 27): each row against its own expert's weights (read by indirect DMA),
+    tokens per expert, ``perm // top_k``. Matmuls within fp32 accumulation order; counts and quotients exact."""
+    target, args = GROUPED_CASES[case]()
+    got, ref, _, _ = _one_op(target, args)
+    want = target(*args)
+    if case.startswith("grouped_mm"):
+        assert torch.allclose(got[0], want, rtol=1e-5, atol=1e-4), (got[0] - want).abs().max()
+        assert torch.allclose(ref[0], want)
+    else:
+        _same(got, [want])
+        _same(ref, [want])
 
 
 # ---- runtime indices, selection, scans in a decoder step (issue 27) ----------------------------------------------

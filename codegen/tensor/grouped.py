@@ -20,7 +20,9 @@ K tiles. Decode has few rows (tokens x top-k), so the rows are a trace-time loop
 bins / (max - min))`` (``max`` itself in the last bin, values outside ``[min, max]`` or NaN ignored), counted by a
 compare with each partition's bin index and a free-axis sum. The bin is computed in fp32 as ``(x - min) * (bins /
 (max - min))``: a value within an ulp of a bin edge may fall in the neighbouring bin where eager's
-``(x - min) * bins / (max - min)`` does not (expert ids, integers from 0 to bins - 1, never are).
+``(x - min) * bins / (max - min)`` does not (expert ids, integers from 0 to bins - 1, never are). Integer ids (HF
+histograms int ids on accelerators, float ids on CPU) are counted alike; the reference VM counts them as floats
+(CPU PyTorch has no integer ``histc``) in the ids' own type.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import torch
 from ..emitters import Context, MOVING_MAX
 from ..errors import CodegenError
 from ..layout import PMAX
-from .instruction import TensorOp, kdt, register_emitter, tile_alloc, tile_bytes
+from .instruction import TensorOp, register_emitter, register_reference, tile_alloc, tile_bytes
 from .matmul import tiled
 from .tiles import FREE_MAX, Code
 from .view import TRef
@@ -160,8 +162,8 @@ def _histc(ins: TensorOp, ctx: Context, code: Code) -> int:
     bins = int(ins.args[1]) if len(ins.args) > 1 else int(ins.kwargs.get("bins", 100))
     lo = float(ins.args[2]) if len(ins.args) > 2 else float(ins.kwargs.get("min", 0))
     hi = float(ins.args[3]) if len(ins.args) > 3 else float(ins.kwargs.get("max", 0))
-    if not isinstance(x, TRef) or len(x.shape) != 1 or not x.dtype.is_floating_point:
-        raise CodegenError("histc of other than a 1-D float tensor")
+    if not isinstance(x, TRef) or len(x.shape) != 1:
+        raise CodegenError("histc of other than a 1-D tensor")
     if not hi > lo:  # min == max: eager takes the data's own range
         raise CodegenError("histc without a static range (min >= max)")
     n = x.shape[0]
@@ -202,6 +204,13 @@ def _histc(ins: TensorOp, ctx: Context, code: Code) -> int:
         scratch = max(scratch, tile_bytes((bs, n), x.dtype) + 5 * tile_bytes((bs, n), torch.float32) + 12)
     tiled(code, bins, PMAX, body)
     return scratch
+
+
+@register_reference("aten.histc.default")
+def _histc_reference(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    if x.dtype.is_floating_point:
+        return torch.ops.aten.histc.default(x, *args, **kwargs)
+    return torch.ops.aten.histc.default(x.float(), *args, **kwargs).to(x.dtype)
 
 
 __all__ = ["ROWS_MAX"]

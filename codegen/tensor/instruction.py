@@ -43,6 +43,9 @@ class GuardRule:
 
 #: ATen op -> its guard rule (see :func:`register_guard`)
 GUARDS: dict[str, GuardRule] = {}
+#: ATen op -> the reference VM's computation of it where the ATen op itself cannot run on CPU tensors (see
+#: :func:`register_reference`)
+REFERENCES: dict[str, Callable[..., Any]] = {}
 
 
 def register_emitter(*ops: str) -> Callable[[Emitter], Emitter]:
@@ -60,6 +63,16 @@ def register_guard(*ops: str, reason: str) -> Callable[[GuardCheck], GuardCheck]
     def deco(fn: GuardCheck) -> GuardCheck:
         for op in ops:
             GUARDS[op] = GuardRule(reason, fn)
+        return fn
+    return deco
+
+
+def register_reference(*ops: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the reference VM computes these ops with ``fn`` (same arguments as the ATen op) instead of the
+    op itself, for an op PyTorch computes on accelerators only (an integer ``histc``)."""
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for op in ops:
+            REFERENCES[op] = fn
         return fn
     return deco
 
@@ -174,7 +187,7 @@ class TensorOp(ir.Instruction):
                     if o.value.name not in env:
                         env[o.value.name] = torch.zeros(o.value.shape, dtype=o.value.dtype)
                 return
-        result = self.target(*args, **kwargs)
+        result = REFERENCES.get(self.op, self.target)(*args, **kwargs)
         results = result if isinstance(result, (tuple, list)) else (result,)
         for o, r in zip(self.outs, results):
             env[o.value.name] = r.detach().reshape(o.value.shape).clone()
@@ -223,5 +236,5 @@ def tile_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return math.prod(shape[1:]) * nbytes(kernel_dtype(dtype))
 
 
-__all__ = ["EMITTERS", "GUARDS", "GuardRule", "TensorOp", "flat_refs", "kdt", "kernel_dtype", "register_emitter",
-           "register_guard", "tile_alloc", "tile_bytes"]
+__all__ = ["EMITTERS", "GUARDS", "GuardRule", "REFERENCES", "TensorOp", "flat_refs", "kdt", "kernel_dtype",
+           "register_emitter", "register_guard", "register_reference", "tile_alloc", "tile_bytes"]

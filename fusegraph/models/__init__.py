@@ -29,7 +29,13 @@ class ModelSpec:
     model_class: Any = None
 
     def make_config(self, **overrides: Any):
+        """The config with ``overrides``; a smaller ``num_hidden_layers`` also cuts the per-layer lists
+        (``layer_types``...) to the layers kept (:func:`.families.cut_layers`)."""
         cfg_cls = self.config_class or _families()[self.family][0]
+        if isinstance(overrides.get("num_hidden_layers"), int):
+            from .families import cut_layers
+
+            overrides = {**cut_layers(self.config, overrides["num_hidden_layers"]), **overrides}
         return cfg_cls(**{**self.config, **overrides})
 
     def causal_lm_class(self) -> type:

@@ -415,6 +415,30 @@ def _layer_pick(d: dict[str, Any], n: int) -> tuple[list[int], list[str], list[s
     return sorted(keep), per_layer, index_lists
 
 
+def cut_layers(d: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The overrides that keep ``layers`` of config dict ``d``'s layers: its layer count and every per-layer list
+    (``layer_types``, ...) and layer-index list (``mlp_only_layers``, ...) cut to the kept layers, which are the
+    first layer of every distinct layer kind first, then the next ones in order (a 2-layer cut of a hybrid model
+    keeps one layer of each kind, where a plain ``num_hidden_layers=2`` would fail the config's own validation or
+    keep only the first kind). Empty when ``d`` has no more than ``layers`` layers."""
+    key, n = _layer_count_field(d)
+    if not n or layers >= n:
+        return {}
+    keep, per_layer, index_lists = _layer_pick(d, n)
+    if len(keep) >= layers:
+        keep = keep[:layers]
+    else:
+        keep = sorted(keep + [i for i in range(n) if i not in keep][: layers - len(keep)])
+    out: dict[str, Any] = {key: layers}
+    for k in per_layer:
+        picked = [d[k][i] for i in keep]
+        out[k] = type(d[k])(picked) if isinstance(d[k], tuple) else picked
+    for k in index_lists:
+        picked = [j for j, i in enumerate(keep) if i in d[k]]
+        out[k] = type(d[k])(picked) if isinstance(d[k], tuple) else picked
+    return out
+
+
 def _shrink(d: dict[str, Any], layers: int | None = None) -> dict[str, Any]:
     """The tiny values of config dict ``d`` (only the fields a rule changes, plus per-layer lists cut)."""
     out: dict[str, Any] = {}

@@ -423,6 +423,14 @@ def test_grouped_moe_ops_equal_eager(case):
         _same(ref, [want])
 
 
+def test_histc_of_integer_ids_counts_like_the_float_ids():
+    """HF histograms int ids on accelerators (CPU PyTorch has no integer histc): the kernel and the reference VM
+    count them as the float ids are counted, in the ids' type."""
+    got, ref, _, _ = _one_op(A.histc.default, (IDS.int(), 4, 0, 3), out_like=torch.zeros(4, dtype=torch.int32))
+    want = torch.histc(IDS, 4, 0, 3)
+    assert torch.equal(got[0].float(), want) and torch.equal(ref[0].float(), want)
+
+
 # ---- runtime indices, selection, scans in a decoder step (issue 27) ----------------------------------------------
 E_ROUTER = 16
 

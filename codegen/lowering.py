@@ -450,11 +450,21 @@ def dependency_order(matches: list[Any], G: Any) -> list[Any]:
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(matches)))
     for i, m in enumerate(matches):
-        for n in m.nodes:
-            for p in G.predecessors(n):
-                j = owner.get(p)
-                if j is not None and j != i:
-                    dag.add_edge(j, i)
+        # a match reads another's value directly or through unmatched ops between them (layout glue: the
+        # transpose after an attention, the views of a fused QKV projection's split)
+        seen: set[str] = set()
+        todo = [p for n in m.nodes for p in G.predecessors(n) if p not in m.nodes]
+        while todo:
+            p = todo.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            j = owner.get(p)
+            if j is None:
+                if G.nodes[p].get("kind") == "op":
+                    todo.extend(G.predecessors(p))
+            elif j != i:
+                dag.add_edge(j, i)
     try:
         order = list(nx.lexicographical_topological_sort(dag, key=lambda i: (key(matches[i]), i)))
     except nx.NetworkXUnfeasible:  # matches that read each other: the program-order key, as before

@@ -21,6 +21,7 @@ nodes with their source.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -58,6 +59,13 @@ COMMUTATIVE = frozenset({
     "aten.add.Tensor", "aten.mul.Tensor", "aten.maximum.default", "aten.minimum.default",
     "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor", "aten.logical_and.default", "aten.logical_or.default",
     "aten.eq.Tensor", "aten.ne.Tensor",
+})
+# scaled_dot_product_attention's ATen forms (a keyword-only ``scale``, None for 1/sqrt(q.size(-1)))
+SDPA_OPS = frozenset({
+    "aten.scaled_dot_product_attention.default", "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten._scaled_dot_product_flash_attention.default", "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_attention_math.default", "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_fused_attention_overrideable.default",
 })
 IGNORED_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking", "requires_grad"})
 # per-op arg positions that do not change the forward value (embedding's padding_idx / scale_grad / sparse)
@@ -339,7 +347,14 @@ def _canonical_operands(op: str, d: dict[str, Any], items: list[tuple[str, Any, 
     if canon_op == VIEW:
         consts = {}  # a reshape is defined by its output shape (guarded by shapes, not constants)
     D = cv.data
-    in_rank = _rank(D.nodes[labels[0][1]].get("shape")) if labels and labels[0][1] in D else None
+    in_shape = D.nodes[labels[0][1]].get("shape") if labels and labels[0][1] in D else None
+    if op in SDPA_OPS and consts.get("k:scale") is None:
+        consts.pop("k:scale", None)
+        if _rank(in_shape) and in_shape[-1] > 0:
+            # SDPA's default scale spelled out (1 / sqrt(head size), PyTorch's sdp::calculate_scale, in double):
+            # ``F.scaled_dot_product_attention(q, k, v)`` and the same call with ``scale=`` are one op
+            consts["k:scale"] = 1.0 / math.sqrt(in_shape[-1])
+    in_rank = _rank(in_shape)
     consts = normalize_consts(op, consts, in_rank, _rank(d.get("shape")))
     return canon_op, consts, labels
 

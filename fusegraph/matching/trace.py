@@ -513,4 +513,7 @@ def _structure_key(v: CompiledVariant) -> tuple:
                           d["p"].slot) for n, d in v.graph.nodes(data=True)))
     edges = tuple(sorted((u, w, tuple(sorted(e["pos"]))) for u, w, e in v.graph.edges(data=True)))
     ins = tuple(sorted((k, tuple(sorted((c, tuple(sorted(p))) for c, p in es))) for k, es in v.inputs.items()))
-    return nodes, edges, ins, tuple(sorted(v.static.items())), tuple(sorted(map(str, v.input_dtypes.values())))
+    # input shapes too: one graph over differently shaped inputs (a mask shared by the batch) binds other dims
+    shapes = tuple(sorted((k, i.shape) for k, i in v.input_specs.items()))
+    return (nodes, edges, ins, tuple(sorted(v.static.items())), tuple(sorted(map(str, v.input_dtypes.values()))),
+            shapes)

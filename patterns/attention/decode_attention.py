@@ -5,7 +5,10 @@ Three traced forms, all with ``repeat_kv`` (HF's GQA expansion) unless there is 
 * ``eager``: ``softmax(q @ k.T * scale + mask, fp32) @ v`` (HF ``eager_attention_forward``; additive mask);
 * ``sdpa``: ``scaled_dot_product_attention`` with HF's boolean mask (captures as
   ``aten._scaled_dot_product_flash_attention_for_cpu`` on CPU, with the bool -> -inf ``where`` in front);
-* ``sdpa_additive``: the same with a float mask.
+* ``sdpa_additive``: the same with a float mask;
+* ``sdpa_shared_mask`` / ``sdpa_additive_shared_mask``: the SDPA forms with one ``[1, 1, 1, L]`` mask row for the
+  whole batch (a causal-mask buffer indexed by the step's one position, gpt-fast style); the kernel gets it
+  repeated per sequence.
 
 The match's ``mask_form`` param says whether ``mask`` is additive (float) or boolean (True = attend).
 
@@ -78,6 +81,19 @@ def _sdpa_additive(q, k, v, mask, *, scale):
     groups = q.shape[1] // k.shape[1]
     return torch.nn.functional.scaled_dot_product_attention(
         q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask, dropout_p=0.0, scale=scale, is_causal=False)
+
+
+# one mask row for the whole batch (``[1, 1, 1, L]``, broadcast over the sequences): gpt-fast style models index a
+# causal-mask buffer by the step's one ``input_pos``; with SDPA's default scale too (canonicalization spells it out)
+@decode_attention.implementation("sdpa_shared_mask", inputs=[Q, K, V, Input("mask", "1 1 1 L", dtype="bool")],
+                                 cases=[{"mask_form": "boolean"}, {"G": 1, "mask_form": "boolean"}])
+def _sdpa_shared_mask(q, k, v, mask, *, scale):
+    return _sdpa(q, k, v, mask, scale=scale)
+
+
+@decode_attention.implementation("sdpa_additive_shared_mask", inputs=[Q, K, V, Input("mask", "1 1 1 L")])
+def _sdpa_additive_shared_mask(q, k, v, mask, *, scale):
+    return _sdpa_additive(q, k, v, mask, scale=scale)
 
 
 @register_pattern(

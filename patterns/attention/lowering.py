@@ -600,6 +600,13 @@ def bool_to_additive(mask: torch.Tensor) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=torch.float32).masked_fill(~mask, torch.finfo(torch.float32).min)
 
 
+def shared_mask_rows(mask: torch.Tensor, *, rows: int, boolean: bool) -> torch.Tensor:
+    """A ``[1, 1, 1, L]`` mask shared by the batch as ``rows`` rows (one per sequence), additive fp32 when it is
+    boolean."""
+    mask = bool_to_additive(mask) if boolean else mask
+    return mask.reshape(1, mask.shape[-1]).expand(rows, mask.shape[-1])
+
+
 @register_lowering(decode_attention, decode_attention_softcap, check=_check, instructions=[Attention])
 def lower_attention(L: Lowerer, m: Any) -> None:
     q_node = L.input(m, "q")
@@ -614,7 +621,11 @@ def lower_attention(L: Lowerer, m: Any) -> None:
         raise CodegenError("decode attention without a mask input is not supported (the static cache needs one)")
     bool_mask = L.node(mask_node).get("dtype") == "bool"
     mask = L.step_input(mask_node, (L.T, Lc), torch.float32 if bool_mask else None, label="attn_mask")
-    if bool_mask:
+    mask_shape = tuple(L.node(mask_node).get("shape") or ())
+    if L.T > 1 and len(mask_shape) == 4 and mask_shape[0] == 1:
+        # one mask row for every sequence (sdpa_shared_mask): repeated per sequence on the host
+        L.arg_source(mask).convert = functools.partial(shared_mask_rows, rows=L.T, boolean=bool_mask)
+    elif bool_mask:
         L.arg_source(mask).convert = bool_to_additive
     groups = int(m.params.get("num_key_value_groups") or (q.features // D) // Hkv)
     scale = float(m.params.get("scale", D ** -0.5))

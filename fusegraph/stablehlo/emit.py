@@ -192,7 +192,7 @@ def _constant(em: Emitter, op: Op, vals: list) -> Any:
     arr = op.attrs["value"]
     dtype = op.result.type.dtype
     flat = arr.reshape(-1)
-    if flat.size and np.all(flat == flat[0]):
+    if idioms.is_splat(arr):
         return Splat(python_scalar(flat[0].item(), dtype), dtype, _shape(op))
     if id(op) in em.buffers:
         return em.buffers[id(op)]
@@ -754,6 +754,8 @@ def _clamp(em: Emitter, op: Op, vals: list) -> Any:
     lo, t, hi = elementwise_operands(list(vals), _shape(op))
     if not isinstance(t, torch.Tensor):
         t = _scalar_tensor(t, op)
+    if isinstance(lo, torch.Tensor) != isinstance(hi, torch.Tensor):  # torch.clamp takes two numbers or two tensors
+        lo, hi = (b if isinstance(b, torch.Tensor) else torch.full((), b, dtype=t.dtype) for b in (lo, hi))
     return _fit(op, torch.clamp(t, lo, hi))
 
 
@@ -881,6 +883,12 @@ def _dot_general(em: Emitter, op: Op, vals: list) -> Any:
         if rc[0] == 1:
             return F.linear(x, w)
         return torch.matmul(x, w)
+    if not lb and not rb and lrank == 2 and lc == (1,) and len(rc) == 1 and rc[0] == rrank - 1 and \
+            not isinstance(lhs_v, Transposed):
+        # W[N, K] . x[..., K] (Equinox's ``weight @ x``: the weight on the left, HF's layout): ``linear(x, W)``,
+        # its N dim moved to the front where x has more than one dim
+        out = F.linear(cast(materialize(rhs_v)), cast(materialize(lhs_v)))
+        return out if rrank == 1 else out.movedim(-1, 0)
     nb = len(lb)
     lhs = cast(materialize(lhs_v))
     rhs = cast(materialize(rhs_v))
@@ -928,8 +936,15 @@ def _start(v: Any, limit: int) -> Any:
 @handles("stablehlo.dynamic_slice")
 def _dynamic_slice(em: Emitter, op: Op, vals: list) -> Any:
     src, *starts = vals
-    t = materialize(src)
     sizes = op.attrs["slice_sizes"]
+    if isinstance(src, torch.Tensor) and src.dim() == 2 and op.operands[0].producer is None and \
+            tuple(sizes) == (1, src.shape[1]) and _splat(starts[1]) is not None:
+        # one row of a [V, H] argument (Equinox's ``embedding.weight[token]``): the embedding lookup, as for a
+        # gather of rows (the start clamped like XLA's; embedding's indices [1, 1])
+        rows = _start(starts[0], src.shape[0] - 1)
+        rows = torch.full((1, 1), rows, dtype=torch.int64) if isinstance(rows, int) else rows.reshape(1, 1)
+        return F.embedding(rows, src).reshape(_shape(op))
+    t = materialize(src)
     for d, (s, size) in enumerate(zip(starts, sizes)):
         full = t.shape[d]
         if size == full:
@@ -1004,6 +1019,133 @@ def _stacked_update(src: Stacked, upd: Any, starts: list) -> Stacked | None:
     return Stacked({(): new}, src.shape, (), src.perm)
 
 
+def _scatter_kind(op: Op) -> str | None:
+    """``replace`` (the update computation returns the update: ``x.at[i].set(v)``) or ``add`` (``.at[i].add``)."""
+    body = op.regions[0] if op.regions else None
+    if body is None or len(body.args) != 2 or len(body.returns) != 1:
+        return None
+    if intrange._scatter_replaces(op):
+        return "replace"
+    if len(body.ops) == 1 and body.ops[0].name == "stablehlo.add" and body.returns[0] is body.ops[0].result and \
+            {id(o) for o in body.ops[0].operands} == {id(a) for a in body.args}:
+        return "add"
+    return None
+
+
+def _clamped_within(op: Op, limits: Sequence[int]) -> bool:
+    """Are the scatter indices (operand 1) ``clamp(lo, x, hi)`` with constant bounds that keep every start index
+    ``c`` (along the index vector dim) within ``[0, limits[c]]``? (How ``jax.vmap`` writes a batched
+    ``dynamic_update_slice``: XLA clamps its starts, a scatter would drop the window instead, so the batching rule
+    clamps them first.)"""
+    clamp = idioms.producer(op.operands[1], "stablehlo.clamp")
+    if clamp is None:
+        return False
+    lo, hi = idioms.static_array(clamp.operands[0]), idioms.static_array(clamp.operands[2])
+    shape = tuple(op.operands[1].type.shape)
+    if lo is None or hi is None:
+        return False
+    ivd = op.attrs["scatter_dimension_numbers"]["index_vector_dim"]
+    lo, hi = np.broadcast_to(lo, shape), np.broadcast_to(hi, shape)
+    if ivd == len(shape):
+        lo, hi = lo[..., None], hi[..., None]
+    else:
+        lo, hi = np.moveaxis(lo, ivd, -1), np.moveaxis(hi, ivd, -1)
+    if lo.size == 0:
+        return True
+    return all(int(lo[..., c].min()) >= 0 and int(hi[..., c].max()) <= limit for c, limit in enumerate(limits))
+
+
+@handles("stablehlo.scatter")
+def _scatter(em: Emitter, op: Op, vals: list) -> Any:
+    """StableHLO's ``scatter`` with XLA's semantics: each update window is written (or added) whole when its start
+    indices keep it inside the operand, and dropped otherwise (``jnp``'s ``x.at[i].set(v)`` and ``.add``, and a
+    ``dynamic_update_slice`` under ``jax.vmap``). One row written at one position (``cache.at[pos].set(k)``)
+    becomes ``index_copy`` at the clamped position of ``where(in bounds, new, old row)`` (the functional form of a
+    cache write, see ``_dynamic_update_slice``); any other scatter ``index_put`` over index grids (the dropped
+    windows sent to one extra element past the end, cut off again), or straight when the starts are clamped into
+    range (``jax.vmap``'s form)."""
+    kind = _scatter_kind(op)
+    if len(op.operands) != 3 or kind is None:
+        raise UnsupportedOp(op.name, "scatter other than one operand replaced or added to")
+    dn = op.attrs["scatter_dimension_numbers"]
+    oshape, ishape, ushape = (tuple(o.type.shape) for o in op.operands)
+    uwd, iwd, ibd = dn["update_window_dims"], dn["inserted_window_dims"], dn["input_batching_dims"]
+    sibd, sd2od, ivd = dn["scatter_indices_batching_dims"], dn["scatter_dims_to_operand_dims"], dn["index_vector_dim"]
+    t = materialize(vals[0])
+    u = materialize(vals[2])
+    if u.dtype != t.dtype:
+        u = u.to(t.dtype)
+    window_dims = [d for d in range(len(oshape)) if d not in iwd and d not in ibd]  # operand dims of uwd, in order
+    wsize = {d: (1 if d in iwd or d in ibd else ushape[uwd[window_dims.index(d)]]) for d in range(len(oshape))}
+    limits = [oshape[d] - wsize[d] for d in sd2od]  # the largest start that keeps the window inside
+    scatter_dims = [d for d in range(len(ushape)) if d not in uwd]  # update dims that index the scatter indices
+    si = _splat(vals[1])
+    idx = torch.full(ishape, int(si.value), dtype=torch.int64) if si is not None else materialize(vals[1])
+    if idx.dtype != torch.int64:
+        idx = idx.to(torch.int64)
+    idx = idx.unsqueeze(-1) if ivd == len(ishape) else idx if ivd == len(ishape) - 1 else idx.movedim(ivd, -1)
+    batch_shape = tuple(idx.shape[:-1])
+    if kind == "replace" and not ibd and len(sd2od) == 1 and math.prod(batch_shape) == 1 and \
+            all(wsize[d] == oshape[d] for d in range(len(oshape)) if d != sd2od[0]):
+        start = Splat(si.value, "i64", ()) if si is not None else idx.reshape(())
+        return _row_write(t, u.reshape([wsize[d] for d in range(len(oshape))]), sd2od[0], start, limits[0])
+
+    def place(x: torch.Tensor, positions: list[int]) -> torch.Tensor:
+        shape = [1] * len(ushape)
+        for p, s in zip(positions, x.shape):
+            shape[p] = s
+        return x.reshape(shape)
+
+    idx_dims = [d for d in range(len(ishape)) if d != ivd]
+    grids = []
+    for d in range(len(oshape)):
+        g: Any = None
+        if d in sd2od:
+            g = place(idx[..., sd2od.index(d)], scatter_dims)
+        if d in ibd:
+            pos = idx_dims.index(sibd[ibd.index(d)])
+            g = place(torch.arange(batch_shape[pos]), [scatter_dims[pos]])
+        if d in window_dims:
+            w = place(torch.arange(wsize[d]), [uwd[window_dims.index(d)]])
+            g = w if g is None else g + w
+        grids.append(g if g is not None else torch.zeros((), dtype=torch.int64))
+    accumulate = kind == "add"
+    if _clamped_within(op, limits):
+        return torch.index_put(t, tuple(grids), u, accumulate=accumulate)
+    valid = None
+    for c, limit in enumerate(limits):
+        s = idx[..., c]
+        ok = (s >= 0) & (s <= limit)
+        valid = ok if valid is None else valid & ok
+    linear = grids[-1]
+    stride = 1
+    for d in range(len(oshape) - 2, -1, -1):
+        stride *= oshape[d + 1]
+        linear = linear + grids[d] * stride
+    n = math.prod(oshape)
+    if valid is not None:
+        linear = torch.where(place(valid, scatter_dims), linear, n)  # a dropped window: the element past the end
+    flat = torch.cat((t.reshape(-1), t.new_zeros(1)))
+    flat = torch.index_put(flat, (linear,), u, accumulate=accumulate)
+    return flat[:n].reshape(oshape)
+
+
+def _row_write(t: torch.Tensor, u: torch.Tensor, d: int, start: torch.Tensor, limit: int) -> torch.Tensor:
+    """``t.at[.., start, ..].set(u)`` (``u`` spans dim ``d`` with ``n`` rows, every other dim whole): the rows at the
+    clamped start, with the old rows written back when ``start`` is outside ``[0, limit]`` (XLA drops the window)."""
+    n = u.shape[d]
+    sp = _splat(start)
+    if sp is not None:  # a constant position: written, or dropped when outside
+        s0 = int(sp.value)
+        return torch.index_copy(t, d, torch.arange(s0, s0 + n), u) if 0 <= s0 <= limit else t.clone()
+    st = _start(start, limit)
+    index = st.reshape(1) if n == 1 else st.reshape(1) + torch.arange(n)
+    s = materialize(start)
+    valid = (s >= 0) & (s <= limit)
+    u = torch.where(valid, u, torch.index_select(t, d, index))
+    return torch.index_copy(t, d, index, u)
+
+
 @handles("stablehlo.gather")
 def _gather(em: Emitter, op: Op, vals: list) -> Any:
     operand_v, indices_v = vals
@@ -1025,6 +1167,9 @@ def _gather(em: Emitter, op: Op, vals: list) -> Any:
     if (len(oshape) == 2 and dn["collapsed_slice_dims"] == (0,) and dn["start_index_map"] == (0,)
             and sizes == (1, oshape[1]) and dn["offset_dims"] == (len(batch_shape),) and not dn["operand_batching_dims"]):
         rows = torch.clamp(idx.reshape(batch_shape), 0, oshape[0] - 1)
+        if len(batch_shape) < 2:  # one token, or one per sequence: embedding's [B, S] indices
+            rows = rows.reshape(-1, 1)
+            return F.embedding(rows, materialize(operand_v)).reshape(out_shape)
         return F.embedding(rows, materialize(operand_v))
     operand = materialize(operand_v)
     out_rank = len(out_shape)

@@ -21,6 +21,19 @@ def producer(v: Value, name: str, through_broadcast: bool = False) -> Op | None:
     return op if op is not None and op.name == name else None
 
 
+def is_splat(arr: np.ndarray) -> bool:
+    """Every element of a constant's data equal (NaN equal to NaN: ``dense<0x7FC00000>`` is a splat)."""
+    flat = arr.reshape(-1)
+    if not flat.size:
+        return False
+    if np.all(flat == flat[0]):
+        return True
+    try:
+        return bool(np.all(np.isnan(flat)))
+    except TypeError:  # integers, booleans
+        return False
+
+
 def splat_value(v: Value) -> float | int | bool | None:
     """The value of a splat constant (through broadcasts and converts of one), else ``None``."""
     op = v.producer
@@ -31,11 +44,9 @@ def splat_value(v: Value) -> float | int | bool | None:
     arr = op.attrs["value"]
     if arr.size == 0:
         return None
-    flat = arr.reshape(-1)
-    first = flat[0]
-    if not np.all(flat == first) and not (np.isnan(first) if np.issubdtype(flat.dtype, np.floating) else False):
+    if not is_splat(arr):
         return None
-    return first.item()
+    return arr.reshape(-1)[0].item()
 
 
 def reduce_kind(op: Op) -> str | None:
@@ -151,3 +162,42 @@ def silu_of(multiply: Op) -> Value | None:
         if sigmoid_of(s) is x:
             return x
     return None
+
+
+_STATIC_OPS = ("stablehlo.constant", "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert",
+               "stablehlo.minimum", "stablehlo.maximum", "stablehlo.concatenate", "stablehlo.iota")
+
+
+def static_array(v: Value, limit: int = 16) -> np.ndarray | None:
+    """The data of a value computed from constants only by data movement and min/max (the bounds of the clamp
+    ``jax.vmap`` puts around a batched ``dynamic_update_slice``'s start indices), in its own shape; else
+    ``None``. Integer values only (as int64): what index bounds are."""
+    op = v.producer
+    if op is None or op.name not in _STATIC_OPS or limit <= 0 or not v.type.dtype.startswith(("i", "ui")) or \
+            v.type.dtype == "i1":
+        return None
+    shape = tuple(v.type.shape)
+    if op.name == "stablehlo.constant":
+        return np.broadcast_to(np.asarray(op.attrs["value"], dtype=np.int64), shape)
+    if op.name == "stablehlo.iota":
+        dim = op.attrs["iota_dimension"]
+        index = [1] * len(shape)
+        index[dim] = shape[dim]
+        return np.broadcast_to(np.arange(shape[dim], dtype=np.int64).reshape(index), shape)
+    ins = [static_array(o, limit - 1) for o in op.operands]
+    if any(a is None for a in ins):
+        return None
+    if op.name == "stablehlo.broadcast_in_dim":
+        src = ins[0]
+        dims = list(op.attrs["broadcast_dimensions"])
+        index = [1] * len(shape)
+        for i, d in enumerate(dims):
+            index[d] = src.shape[i]
+        return np.broadcast_to(src.reshape(index), shape)
+    if op.name == "stablehlo.reshape":
+        return ins[0].reshape(shape)
+    if op.name == "stablehlo.convert":
+        return ins[0] if v.type.dtype in ("i32", "i64") else None
+    if op.name == "stablehlo.concatenate":
+        return np.concatenate(ins, axis=op.attrs["dimension"])
+    return np.minimum(ins[0], ins[1]) if op.name == "stablehlo.minimum" else np.maximum(ins[0], ins[1])

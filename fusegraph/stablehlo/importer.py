@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..capture.lower import to_aten
 from . import layout_idioms, stacked
+from .idioms import is_splat
 from .emit import Emitter, HANDLERS, sorted_contraction
 from .ir import Function, Module, Op, UnsupportedOp, Value
 from .parse import parse_module
@@ -128,7 +129,7 @@ def _constants(module: Module) -> list[Op]:
         for op in fn.body.ops:
             if op.name == "stablehlo.constant":
                 flat = op.attrs["value"].reshape(-1)
-                if flat.size and not np.all(flat == flat[0]):
+                if flat.size and not is_splat(flat):
                     out.append(op)
 
     for f in module.functions.values():
@@ -166,7 +167,7 @@ def _fold(module: Module, cone: list[Op], value: Value) -> torch.Tensor:
     for op in cone:
         if op.name == "stablehlo.constant":
             flat = op.attrs["value"].reshape(-1)
-            if flat.size and not np.all(flat == flat[0]):
+            if flat.size and not is_splat(flat):
                 buffers[id(op)] = _tensor_of(op.attrs["value"], op.result.type.dtype)
     em = Emitter(module, buffers)
     env: dict[int, Any] = {}

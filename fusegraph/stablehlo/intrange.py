@@ -43,6 +43,7 @@ _PASS: dict[str, tuple[int, ...] | None] = {
     "stablehlo.concatenate": _ALL, "stablehlo.pad": _ALL, "stablehlo.optimization_barrier": _ALL,
     "func.call": _ALL, "stablehlo.composite": _ALL, "stablehlo.dot_general": _ALL,
     "stablehlo.dynamic_update_slice": (0, 1), "stablehlo.dynamic_slice": (0,), "stablehlo.gather": (0,),
+    "stablehlo.scatter": (0, 2),  # values written (replaced or added): their low 32 bits suffice
 }
 
 _SAME_AS_FIRST = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose", "stablehlo.slice",
@@ -91,6 +92,13 @@ def _clip(op: Op, v: Value, lo: int, hi: int) -> Range:
     if full is None:
         return (lo, hi)
     return (lo, hi) if full[0] <= lo and hi <= full[1] else full
+
+
+def _scatter_replaces(op: Op) -> bool:
+    """A scatter whose update computation returns the update (``x.at[i].set(v)``)."""
+    body = op.regions[0] if op.regions else None
+    return body is not None and not body.ops and len(body.returns) == 1 and len(body.args) == 2 and \
+        body.returns[0] is body.args[1]
 
 
 def _hull(rs: Sequence[Range | None]) -> Range | None:
@@ -211,6 +219,8 @@ class Ranges:
             return self._select(op)
         if name == "stablehlo.sort":
             return ins[i]
+        if name == "stablehlo.scatter":  # replace: the operand's and the updates' values; add: sums (may be wide)
+            return _hull([ins[0], ins[2]]) if _scatter_replaces(op) else I64
         if name == "stablehlo.convert":
             return self._convert(op, ins[0])
         if any(r is None for r in ins):

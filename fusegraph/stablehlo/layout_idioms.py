@@ -58,10 +58,11 @@ class _Walk:
             op = self.op(op.operands[0])
         if op is None or op.name != "stablehlo.constant":
             return None
-        flat = op.attrs["value"].reshape(-1)
-        if not flat.size or not (flat == flat[0]).all():
+        from .idioms import is_splat
+
+        if not is_splat(op.attrs["value"]):
             return None
-        return float(flat[0])
+        return float(op.attrs["value"].reshape(-1)[0])
 
     def through(self, v: Value, names: tuple[str, ...]) -> Value:
         op = self.op(v)

@@ -63,6 +63,31 @@ def test_plain_decoder_variants(tied, batch, fused_qkv):
     _decode_and_check(gptfast.build(tied=tied, batch=batch, fused_qkv=fused_qkv))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 2])
+def test_plain_decoder_bf16(batch):
+    """bf16 weights and caches (gpt-fast's usual dtype; RMSNorm in fp32, rope in fp32 from a bf16 table): one
+    kernel, every op in it, tokens equal, logits and caches within the documented bf16 bounds (docs/codegen.md,
+    tests/codegen/test_megakernel_e2e.py)."""
+    case = gptfast.build(batch=batch, dtype=torch.bfloat16)
+    ref = case.fork()
+    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        toks_c, logits_c = greedy_decode(step, case.token, case.position, STEPS)
+    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, STEPS)
+    assert [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)] == []
+    session = last_session()
+    assert session.program.newest_execution().launches_per_call == 1
+    assert report_for_session(session).coverage == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
+    rel = sorted((a.float() - b.float()).abs().max().item() / b.float().abs().max().item()
+                 for a, b in zip(logits_c, logits_e))
+    assert rel[len(rel) // 2] <= 2 ** -6 and rel[-1] <= 0.125
+    for a, b in zip(case.cache_tensors(), ref.cache_tensors()):
+        assert (a.float() - b.float()).abs().max().item() <= 2 ** -5 * b.float().abs().max().item()
+
+
 def test_shared_mask_and_default_scale_match_decode_attention():
     """What the plain decoder needed from matching: SDPA without ``scale=`` (PyTorch's 1/sqrt(D)) and one
     ``[1, 1, 1, L]`` boolean mask row for a batch of 2 are the decode-attention pattern, with the default scale."""

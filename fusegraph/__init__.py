@@ -34,6 +34,9 @@ _LAZY = {
     # tensor parallelism with fewer KV heads than ranks (docs/tp.md, "When HF cannot shard the KV heads")
     "replicate_kv_heads": ("fusegraph.models.kv_replication", "replicate_kv_heads"),
     "replicate_kv_checkpoint": ("fusegraph.models.kv_replication", "replicate_kv_checkpoint"),
+    # complete TP plans for families whose HF plan misses the decoder (docs/tp.md, "Models whose HF plan is incomplete")
+    "tp_plan": ("fusegraph.models.tp_plans", "tp_plan"),
+    "apply_tp_plan": ("fusegraph.models.tp_plans", "apply_tp_plan"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -53,12 +53,19 @@ def parse_source(name: str) -> SourceInfo:
     )
 
 
+#: a module reached through a wrapper's closure holding its original bound method (HF's tensor-parallel hooks replace
+#: ``module.forward`` by a function closing over ``original_forward``): ``self_attn.forward.__closure__[2]
+#: .cell_contents.__self__.o_proj`` is ``self_attn.o_proj``
+_CLOSURE_SELF = re.compile(r"\.[A-Za-z_][A-Za-z0-9_]*\.__closure__\.\d+\.cell_contents\.__self__(?=\.|$)")
+
+
 def stack_path(stack_key: str) -> str:
     """Full dotted path of an ``nn_module_stack`` key (``L['self'].model.layers[0]`` -> ``self.model.layers.0``)."""
     m = _ROOT.match(stack_key)
     if not m:
         return stack_key
     rest = re.sub(r"\[(\d+)\]", r".\1", stack_key[m.end():]).lstrip(".")
+    rest = _CLOSURE_SELF.sub("", rest)
     return f"{m.group('root')}.{rest}" if rest else m.group("root")
 
 

@@ -88,7 +88,9 @@ def _program_values(program: Any) -> tuple[dict, dict]:
     gi = program.graphs[-1].index
     for pin in program.captured(gi).inputs:
         if pin.dtype is None:
-            env[pin.node] = None  # the device mesh (read by no ATen op)
+            # the device mesh (read by no ATen op), or a Python int of the step (a sliding-window cache layer's
+            # cumulative_length_int: the 8 prompt positions)
+            env[pin.node] = None if program.graph.nodes[pin.node].get("device_mesh") is not None else 8
             continue
         dt = getattr(torch, pin.dtype)
         if dt.is_floating_point:
@@ -213,6 +215,14 @@ def load_model(spec: dict, distributed_config: Any) -> Any:
     kw = {"attn_implementation": spec.get("attn", "eager")}
     if spec.get("experts"):
         kw["experts_implementation"] = spec["experts"]
+    if spec.get("fusegraph_plan"):  # fusegraph.apply_tp_plan on the config before HF shards (test_tp_plans.py)
+        import torch.distributed as dist
+
+        import fusegraph
+
+        config = fusegraph.apply_tp_plan(transformers.AutoConfig.from_pretrained(spec["dir"]), dist.get_world_size())
+        config.base_model_tp_plan.update(spec.get("plan_override", {}))  # a rule replaced: the negative controls
+        kw["config"] = config
     cls = getattr(transformers, spec["family"] + "ForCausalLM")
     return cls.from_pretrained(spec["dir"], distributed_config=distributed_config,
                                dtype=getattr(torch, spec.get("dtype", "float32")), **kw).eval()
@@ -267,6 +277,13 @@ def greedy_steps(compiled: Any, eager: Any, tok: torch.Tensor, spec: dict, res: 
     res["warnings"] = [str(w.message) for w in caught if issubclass(w.category, fusegraph.FusegraphWarning)]
 
 
+def _cache_state(layer: Any) -> list[torch.Tensor]:
+    """A cache layer's state tensors: keys and values of an attention layer, the conv states of a conv layer (LFM2)."""
+    kv = [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None]
+    conv = getattr(layer, "conv_states", None) or {}
+    return kv + [t for _, t in sorted(conv.items()) if t is not None]
+
+
 def _hf(spec: dict, rank: int) -> dict:
     from transformers.distributed import DistributedConfig
 
@@ -285,12 +302,13 @@ def _hf(spec: dict, rank: int) -> dict:
     res: dict[str, Any] = {"prefill_token": tok.reshape(-1).tolist()}
     with corrupt:
         greedy_steps(compiled, eager, tok, spec, res)
-    res["kv_equal"] = all(torch.equal(lc.keys, le.keys) and torch.equal(lc.values, le.values)
-                          for lc, le in zip(cache_c.layers, cache_e.layers))
-    res["kv_max_diff"] = max(max((lc.keys - le.keys).abs().max().item(), (lc.values - le.values).abs().max().item())
-                             for lc, le in zip(cache_c.layers, cache_e.layers))
-    res["kv_local_shape"] = list(cache_c.layers[0].keys.shape)
-    res["sharded_weight"] = type(model.model.layers[0].self_attn.q_proj.weight).__name__
+    pairs = [(a, b) for lc, le in zip(cache_c.layers, cache_e.layers)
+             for a, b in zip(_cache_state(lc), _cache_state(le))]
+    res["kv_equal"] = all(torch.equal(a, b) for a, b in pairs)
+    res["kv_max_diff"] = max((a - b).abs().max().item() for a, b in pairs)
+    res["kv_local_shape"] = next(list(lc.keys.shape) for lc in cache_c.layers if getattr(lc, "keys", None) is not None)
+    res["state_local_shapes"] = [list(t.shape) for lc in cache_c.layers for t in _cache_state(lc)]
+    res["sharded_weight"] = type(next(p for n, p in model.named_parameters() if n.endswith("q_proj.weight"))).__name__
     cap = fusegraph.last_capture()
     res["graphs"] = len(cap.program.graphs)
     res["summary"] = cap.format()  # the capture summary and the region report work on a TP program

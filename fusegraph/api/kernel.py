@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import nkisim
 from ..codegen.errors import CodegenError
-from ..codegen.lowering import lower_region
-from ..codegen.megakernel import generate
 from ..codegen.registry import check as lowerable
-from ..executors.kernel_cache import codegen_options
-from ..executors.kernels import decode_tokens
+from ..executors.kernels import build_region
 from ..matching import Analysis, analyze
 from ..models import build_decode
 from ..models.user import is_user_spec, load_user_step
@@ -27,6 +25,7 @@ from ..nkisim.torch_io import abstract_args
 from ..perf.analysis import KernelBuild
 from ..program import Program
 from ..settings import Settings
+from ..warnings import FusegraphWarning
 from .capture import capture_step
 
 log = logging.getLogger(__name__)
@@ -87,14 +86,11 @@ def build_for_target(step: CapturedStep, target: str, *, profile: bool = True,
     region = max(step.analysis.regions, key=lambda r: len(r.matches))
     t2 = time.perf_counter()
     say(f"lowering and generating the megakernel for {target} ({len(region.matches)} matches, {len(region.layers)} layers)")
-    lowered = lower_region(step.program, region, decode_tokens(step.program, region), name="fusegraph_decode_step")
-    with codegen_options(settings):  # the attn_* options (as the executors' builds through the kernel cache)
-        generated = generate(lowered.program, target=target, chunk_bytes=settings.weight_chunk_kib * 1024,
-                             ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, model=step.model,
-                             region=f"region {region.id} ({region.kind})", lnc=settings.lnc)
+    plan, notes = _build_like_the_executor(step, region, settings)
     timings["codegen_s"] = time.perf_counter() - t2
-    build = KernelBuild(model=step.model, target=target, program=step.program, analysis=step.analysis, region=region,
-                        lowered=lowered, generated=generated, timings=timings)
+    build = KernelBuild(model=step.model, target=target, program=step.program, analysis=step.analysis,
+                        region=plan.region, lowered=plan.lowered, generated=plan.generated, timings=timings,
+                        notes=notes)
     if profile:
         t3 = time.perf_counter()
         say(f"shape-only run of {generated.stats['lines']} kernel lines on {target}")
@@ -105,6 +101,24 @@ def build_for_target(step: CapturedStep, target: str, *, profile: bool = True,
         build.profile = nkisim.last_profile().to_dict()
         timings["profile_s"] = time.perf_counter() - t3
     return build
+
+
+def _build_like_the_executor(step: CapturedStep, region: Any, settings: Settings) -> tuple[Any, list[str]]:
+    """The region's kernel exactly as the NKI executor builds it (``executors.kernels.build_region``: a pattern
+    whose lowering fails gives its ops to generic lowering, a match nothing lowers is dropped to the eager path):
+    the plan holding the most ops, and the build's warnings as notes. Raises :class:`CodegenError` when no kernel
+    is left."""
+    label = f"region {region.id} ({region.kind})"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FusegraphWarning)
+        plans = build_region(step.program, 0, region, label, settings, step.analysis.matches,
+                             name="fusegraph_decode_step", model=step.model)
+    notes = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
+    for n in notes:
+        log.info("%s", n)
+    if not plans:
+        raise CodegenError(notes[0] if notes else f"{label}: no kernel was built")
+    return max(plans, key=lambda p: len(p.lowered.kernel_nodes)), notes
 
 
 def build_decode_kernel(model: str = "qwen3-30b-a3b", *, target: str = "trn2", profile: bool = True,

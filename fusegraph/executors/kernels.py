@@ -75,12 +75,12 @@ def build_plans(program: Program, graph_index: int, analysis: Any, settings: Set
         if len(region.graphs) > 1:
             warn(f"{label} spans a graph break; fusegraph runs each graph separately, so it stays on the eager path")
             continue
-        plans += _build_region(program, graph_index, region, label, settings, analysis.matches)
+        plans += build_region(program, graph_index, region, label, settings, analysis.matches)
     return plans
 
 
-def _build_region(program: Program, graph_index: int, region: Any, label: str, settings: Settings,
-                  others: list[Any] = ()) -> list[KernelPlan]:
+def build_region(program: Program, graph_index: int, region: Any, label: str, settings: Settings,
+                 others: list[Any] = (), *, name: str | None = None, model: str = "") -> list[KernelPlan]:
     """The region as one kernel; when the build fails on some matches (their lowering or emission raised), the
     region without them: their ops run eagerly, with one warning each, and the rest stays in the kernel (as
     several kernels where dropping them breaks convexity, :func:`fusegraph.matching.carve.carve`)."""
@@ -104,9 +104,9 @@ def _build_region(program: Program, graph_index: int, region: Any, label: str, s
         culprits: list[tuple[Any, str]] = []
         for k, part in enumerate(parts):
             part_label = label if len(parts) == 1 else f"{label[:-1]}, part {k + 1} of {len(parts)})"
-            name = f"fusegraph_g{graph_index}_r{region.id}" + (f"_p{k}" if len(parts) > 1 else "")
+            kname = (name or f"fusegraph_g{graph_index}_r{region.id}") + (f"_p{k}" if len(parts) > 1 else "")
             try:
-                plans.append(_build_kernel(program, part, tokens, name, part_label, settings))
+                plans.append(_build_kernel(program, part, tokens, kname, part_label, settings, model))
             except CodegenError as e:
                 if settings.pass_through_build_failures:
                     raise
@@ -133,14 +133,14 @@ def _build_region(program: Program, graph_index: int, region: Any, label: str, s
 
 
 def _build_kernel(program: Program, region: Any, tokens: int, name: str, label: str,
-                  settings: Settings) -> KernelPlan:
+                  settings: Settings, model: str = "") -> KernelPlan:
 
     t0 = time.perf_counter()
     lowered = lower_region(program, region, tokens, name=name)
     key = cache_key(lowered.program, settings.target, settings, region)
     generated, cache_hit = generate_cached(settings, key, lowered.program.name, lambda cached: generate(
         lowered.program, target=settings.target, chunk_bytes=settings.weight_chunk_kib * 1024,
-        ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, region=label,
+        ring=settings.weight_buffers, sbuf_budget_bytes=settings.sbuf_budget, model=model, region=label,
         cached_source=cached, lnc=settings.lnc))
     _dump(settings, name, region, generated)
     root = cache_root(settings)

@@ -145,9 +145,15 @@ def build_decode(name: str, *, dtype: str | torch.dtype | None = None, attn: str
         install_rewrites()
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
     if device == "meta":
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        cache.early_initialization(batch, kv_heads, head_dim, torch_dtype, torch.device("meta"))
+        if spec.config_class is not None:  # another family: its cache layers' shapes are its own (MLA's latent and
+            # rotary parts, linear-attention states): a prefill on the meta device initializes them as HF does
+            with torch.no_grad():
+                model(input_ids=torch.zeros(batch, prompt_len, dtype=torch.long, device="meta"), cache=cache,
+                      use_cache=True)
+        else:
+            kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            cache.early_initialization(batch, kv_heads, head_dim, torch_dtype, torch.device("meta"))
         token = torch.zeros(batch, 1, dtype=torch.long, device="meta")
         position = torch.full((batch, 1), prompt_len, dtype=torch.long, device="meta")
     else:

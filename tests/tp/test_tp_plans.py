@@ -59,9 +59,11 @@ def save_tiny_random(family: str, path: Path, **config: Any) -> Any:
 
 
 # ---- unit: what HF's sharding does with the plan (meta, fake rank) ------------------------------------------------
-def _shard_on_meta(family: str, plan: bool, tp: int = 2, **config: Any) -> dict[str, tuple[str, tuple, tuple]]:
+def _shard_on_meta(family: str, plan: bool | str, tp: int = 2, **config: Any) -> dict[str, tuple[str, tuple, tuple]]:
     """{parameter: (placements, global shape, local shape)} of rank 0 of ``tp`` as ``from_pretrained(...,
-    tp_plan="auto")`` shards the tiny model before loading (``maybe_distribute_model``), on ``meta``."""
+    tp_plan="auto")`` shards the tiny model before loading (``maybe_distribute_model``), on ``meta``. ``plan``:
+    True = ``apply_tp_plan`` on the config, ``"override"`` = the plan's rules in ``DistributedConfig(tp_plan={...})``
+    with the model's prefix (the config untouched), False = HF's own plan."""
     import transformers
     from torch.distributed.tensor import DTensor
     from transformers.distributed import DistributedConfig
@@ -70,10 +72,13 @@ def _shard_on_meta(family: str, plan: bool, tp: int = 2, **config: Any) -> dict[
 
     cls = getattr(transformers, family + "ForCausalLM")
     cfg = _tiny(family, **config)
-    if plan:
+    rules: Any = "auto"
+    if plan == "override":
+        rules = {f"model.{k}": v for k, v in fusegraph.tp_plan(cfg, tp).items()}
+    elif plan:
         fusegraph.apply_tp_plan(cfg, tp)
     with fake_rank(tp):
-        dcfg, _, mesh = cls.prepare_distribute_model(DistributedConfig(tp_plan="auto", tp_size=tp))
+        dcfg, _, mesh = cls.prepare_distribute_model(DistributedConfig(tp_plan=rules, tp_size=tp))
         with torch.device("meta"):
             model = cls._from_config(cfg, attn_implementation="eager").eval()
         model = cls.maybe_distribute_model(model, dcfg, mesh)
@@ -117,10 +122,12 @@ LFM2_ATTN_LAYER = {
     "self_attn.q_layernorm.weight": ("plain", (64,)), "self_attn.k_layernorm.weight": ("plain", (64,)),  # per head_dim
     "operator_norm.weight": ("plain", (256,)), "ffn_norm.weight": ("plain", (256,)),
 }
-LFM2_MLP = {"feed_forward.w1.weight": ("Shard(dim=0)", (256, 256)), "feed_forward.w3.weight": ("Shard(dim=0)", (256, 256)),
+LFM2_MLP = {"feed_forward.w1.weight": ("Shard(dim=0)", (256, 256)),
+            "feed_forward.w3.weight": ("Shard(dim=0)", (256, 256)),
             "feed_forward.w2.weight": ("Shard(dim=1)", (256, 256))}
 LFM2_MOE = {"feed_forward.experts.gate_up_proj": ("_StridedShard(dim=1, sf=2)", (8, 128, 256)),  # HF's own rules
-            "feed_forward.experts.down_proj": ("Shard(dim=2)", (8, 256, 64)), "feed_forward.gate.weight": ("plain", (8, 256))}
+            "feed_forward.experts.down_proj": ("Shard(dim=2)", (8, 256, 64)),
+            "feed_forward.gate.weight": ("plain", (8, 256))}
 
 
 def _layer(params: dict, i: int) -> dict:
@@ -132,10 +139,12 @@ def _layer(params: dict, i: int) -> dict:
 def test_plan_shards_every_decoder_parameter(family: str) -> None:
     """Every parameter of every decoder layer is either sharded as the family's layout needs or one of the
     deliberately replicated ones (the table lists *all* of the layer's parameters: an unexpected one fails); the
-    embedding and ``lm_head`` keep HF's vocab sharding; HF's own plan leaves the whole decoder unsharded."""
+    embedding and ``lm_head`` keep HF's vocab sharding; HF's own plan leaves the whole decoder unsharded (LFM2-MoE:
+    but its experts); the plan passed as ``DistributedConfig(tp_plan={...})`` overrides shards the same."""
     skip_without_distributed()
     cfg = {} if family == "GptOss" else LFM2
     ours, hf = _shard_on_meta(family, True, **cfg), _shard_on_meta(family, False, **cfg)
+    assert _shard_on_meta(family, "override", **cfg) == ours  # DistributedConfig(tp_plan={...}): the same shards
     if family == "GptOss":
         want = [GPT_OSS_LAYER, GPT_OSS_LAYER]
     else:
@@ -247,9 +256,9 @@ def test_two_ranks_gpt_oss(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_two_ranks_lfm2_and_negative_controls(tmp_path: Path) -> None:
     """One 2-rank launch: LFM2 (a short-conv layer with ``conv_bias``: the strided ``in_proj`` bias, the conv's
-    channel bias; an attention layer) with the interpreter executor (one kernel per step and rank); LFM2-MoE (HF's
-    expert rules + the decoder's) with the eager executor; GPT-OSS with HF's ``moe_tp_experts`` on the experts
-    (down bias on every rank) and with ``packed_rowwise`` on ``gate_up_proj`` (the concatenated-layout rule on
+    channel bias; an attention layer) and LFM2-MoE (HF's expert rules + the decoder's), each with the interpreter
+    executor (one kernel per step and rank, its 6 collectives inside); GPT-OSS with HF's ``moe_tp_experts`` on the
+    experts (down bias on every rank) and with ``packed_rowwise`` on ``gate_up_proj`` (the concatenated-layout rule on
     interleaved columns): both far from the single-process logits."""
     skip_without_distributed()
     lfm2 = save_tiny_random("Lfm2", tmp_path / "lfm2", **LFM2, conv_bias=True)
@@ -260,7 +269,7 @@ def test_two_ranks_lfm2_and_negative_controls(tmp_path: Path) -> None:
         {"name": "lfm2", "kind": "hf", "family": "Lfm2", "dir": str(tmp_path / "lfm2"), "steps": STEPS,
          "executor": "nkisim", "fusegraph_plan": True},
         {"name": "lfm2_moe", "kind": "hf", "family": "Lfm2Moe", "dir": str(tmp_path / "lfm2_moe"), "steps": STEPS,
-         "fusegraph_plan": True},
+         "executor": "nkisim", "fusegraph_plan": True},
         {"name": "bias_twice", "kind": "hf", "family": "GptOss", "dir": gpt_dir, "steps": STEPS,
          "fusegraph_plan": True, "plan_override": {"layers.*.mlp.experts": "moe_tp_experts"}},
         {"name": "strided_gate_up", "kind": "hf", "family": "GptOss", "dir": gpt_dir, "steps": STEPS,
@@ -274,8 +283,9 @@ def test_two_ranks_lfm2_and_negative_controls(tmp_path: Path) -> None:
             "model.embed_tokens", "model.layers.0.conv.out_proj", "model.layers.0.feed_forward.w2",
             "model.layers.1.self_attn.out_proj", "model.layers.1.feed_forward.w2"]
         assert [1, 128, 3] in r["state_local_shapes"]  # the conv state of the rank's 128 channels
-    _check_numerics(res["lfm2_moe"], single_process_reference(lfm2_moe, STEPS), kernel=False)
+    _check_numerics(res["lfm2_moe"], single_process_reference(lfm2_moe, STEPS), kernel=True)
     ref = single_process_reference(gpt, STEPS)
     for name in ("bias_twice", "strided_gate_up"):
         for r in res[name]:
-            assert _max_diff(r["logits_eager"], ref["logits"]) > 1e-2, (name, _max_diff(r["logits_eager"], ref["logits"]))
+            off = _max_diff(r["logits_eager"], ref["logits"])
+            assert off > 1e-2, (name, off)  # observed 0.43 (bias twice) and 0.19 (strided gate/up) at scale 1.02

@@ -50,7 +50,6 @@ model already sharded (DTensor parameters).
 from __future__ import annotations
 
 import contextlib
-import copy
 from typing import Any
 
 import torch

@@ -139,15 +139,18 @@ def test_an_id_past_int32_stays_out_of_range() -> None:
 
 def test_a_masked_row_filled_with_anything_but_zero_is_refused() -> None:
     """The matcher does not compare lifted constants' values: the lowering's check does. A lookup that fills the
-    masked rows with 1.0 is not DTensor's: refused when regions form, the step runs eagerly and stays correct."""
+    masked rows with 1.0 is not DTensor's: the pattern is refused when regions form (the report says why, with
+    generic lowering off), and its ops run in the kernel through generic lowering instead, equal to eager."""
     import fusegraph
 
     module = _MaskedLookup(fill=1.0).eval()
     ids = torch.tensor([[3], [700]])
-    got, want, cap, _ = _compiled(module, ids)
-    assert torch.equal(got, want)
-    assert cap.program.execution[0].launches_per_call == 0
-    report = fusegraph.explain(module, ids)
+    got, want, cap, warned = _compiled(module, ids)
+    assert torch.equal(got, want) and warned == []
+    record = cap.program.execution[0]
+    assert record.launches_per_call == 1 and record.regions[0].verification == "passed"
+    assert "fusegraph.vocab_parallel_embedding" not in fusegraph.explain(module, ids).to_dict()["pattern_counts"]
+    report = fusegraph.explain(module, ids, options={"generic_lowering": False})
     reasons = {u["reason"] for u in report.to_dict()["unmatched"] if u["op"] == "aten.index_put.default"}
     assert any("writes 1.0 where DTensor writes 0" in r for r in reasons), reasons
 

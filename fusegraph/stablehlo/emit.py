@@ -247,6 +247,10 @@ def _transpose(em: Emitter, op: Op, vals: list) -> Any:
     if isinstance(src, Transposed) and perm == [1, 0] and len(src.t.shape) == len(perm) and \
             (src.shape is None or len(src.shape) == 2):
         return src.t
+    if isinstance(src, torch.Tensor) and perm == [1, 0] and op.operands[0].producer is None:
+        # ``W.T`` of a 2-d argument (tied embeddings' ``x @ embed.T``): deferred, so ``x @ W.T`` is ``linear(x, W)``
+        # and any other use is ``W.t()``
+        return Transposed(src)
     t = materialize(src)
     moved = [i for i, p in enumerate(perm) if p != i]
     if not moved:
@@ -328,6 +332,11 @@ def _slice(em: Emitter, op: Op, vals: list) -> Any:
 @handles("stablehlo.concatenate")
 def _concatenate(em: Emitter, op: Op, vals: list) -> Any:
     dim = op.attrs["dimension"]
+    found = layout_idioms.split_rope_of(op)
+    if found is not None:
+        out = _split_rope(em, op, *found)
+        if out is not None:
+            return out
     splats = [_splat(v) for v in vals]
     if all(splats) and len({(s.value, s.dtype) for s in splats}) == 1:
         return Splat(splats[0].value, splats[0].dtype, _shape(op))
@@ -529,6 +538,36 @@ def _rope(em: Emitter, op: Op, x: Value, cos: Value, sin: Value) -> Stacked | No
     return Stacked({(): out}, _shape(op), (), HF_HEADS)
 
 
+def _split_rope(em: Emitter, op: Op, x: Value, cos: Value, sin: Value) -> Stacked | None:
+    """JAX's split-half RoPE (:func:`.layout_idioms.split_rope_of`) on ``[B, T, H, D]`` as HF's ``x * cos +
+    rotate_half(x) * sin`` on ``[B, H, T, D]`` with the full tables ``cat((c, c), -1)`` (``[B, 1, T, D]``, built
+    once per half table): the same products and sums per element; the result stays in HF's layout."""
+    env = em_values(em)
+    tables = []
+    for v in (cos, sin):
+        half = _per_token(env[id(v)])
+        if half is None:
+            return None
+        key = ("half-table", id(v))  # the StableHLO value: alive as long as the module
+        full = em._table_casts.get(key)
+        if full is None:
+            full = em._table_casts[key] = torch.cat((half, half), dim=-1)
+        tables.append(full)
+    c, s = tables
+    xh = _heads_first(env[id(x)])
+    b, _, t, d = xh.shape
+    for table in (c, s):
+        if table.shape[0] not in (1, b) or table.shape[2] not in (1, t) or table.shape[3] != d or \
+                table.dtype != xh.dtype:
+            return None
+    if tuple(c.shape) != (b, 1, t, d):
+        c = c.expand(b, 1, t, d)
+    if tuple(s.shape) != (b, 1, t, d):
+        s = s.expand(b, 1, t, d)
+    out = (xh * c) + (_rotate_half(xh) * s)
+    return Stacked({(): out}, _shape(op), (), HF_HEADS)
+
+
 def _arrange(v: Any, labels: list[str], wanted: list[str]) -> torch.Tensor | None:
     """A value whose dims carry ``labels`` as a tensor with the ``wanted`` dims in that order (size-1 ``U`` dims
     dropped); a split value's storage is used as is when it already has that order."""
@@ -572,46 +611,67 @@ def _attention(em: Emitter, op: Op, a: layout_idioms.Attention) -> Stacked | Non
     (Keras's second ``where`` that zeroes masked probabilities changes nothing then). bf16/fp16 q/k whose scores
     JAX keeps in fp32 through the softmax (jax.nn.dot_product_attention) become HF's SDPA call instead, whose
     matched rounding is the same (decode_attention's ``sdpa`` variant: fp32 scores, probabilities rounded once).
-    The result stays in HF's layout (a split value)."""
+    The result stays in HF's layout (a split value).
+
+    Grouped einsums (``btkgd,bskd->bkgts``, queries ``[B, T, KV, G, D]``) are HF's grouped-query attention with
+    ``KV * G`` heads (head ``kv * G + g``) and ``repeat_kv(k, G)``: the same products. A ``-inf`` fill is
+    ``finfo.min`` in the additive mask (``exp(. - max)`` is 0 for both, under the same condition); a scale written
+    as a division by a power of two is the multiplication by its (exact) reciprocal; a mask that does not vary
+    over the batch or the query (``jnp.arange(L) <= pos``) is expanded to HF's ``[B, 1, T, L]``."""
     env = em_values(em)
     kl = layout_idioms.KV_LABELS
-    q = _arrange(env[id(a.q)], a.q_labels, ["B", "H", "T", "D"])
+    grouped = "G" in a.q_labels
+    q = _arrange(env[id(a.q)], a.q_labels, ["B", "T", "H", "G", "D"] if grouped else ["B", "H", "T", "D"])
     k = _arrange(env[id(a.k)], kl, ["B", "H", "L", "D"])
     v = _arrange(env[id(a.v)], kl, ["B", "H", "L", "D"])
     if q is None or k is None or v is None or q.dtype != _dtype(op) or k.dtype != q.dtype or v.dtype != q.dtype:
         return None
+    if grouped:  # [B, T, KV, G, D] -> HF's [B, KV * G, T, D] (``q.view(B, T, heads, D).transpose(1, 2)``)
+        b_, t_, kv_, g_, d_ = q.shape
+        q = q.reshape(b_, t_, kv_ * g_, d_).transpose(1, 2)
     # HF's eager form computes the scores in q's dtype; jax.nn.dot_product_attention (keras Llama) keeps bf16/fp16
     # q/k's scores in fp32 up to the probabilities (rounded once to q's dtype): that is SDPA's ("fused") rounding
     fp32_scores = q.dtype != torch.float32 and a.score_dtype == "f32" and a.softmax_dtype == "f32" and \
         not a.scores_converted and a.probs_dtype != "f32" and torch_dtype(a.probs_dtype) == q.dtype
     if torch_dtype(a.score_dtype) != q.dtype and not fp32_scores:
         return None
-    if not math.isfinite(a.fill) or a.fill > -1e9 or id(a.pred) not in env:
+    fill = torch.finfo(q.dtype).min if a.fill == -math.inf else a.fill
+    if not math.isfinite(fill) or fill > -1e9 or id(a.pred) not in env:
         return None
     pv = env[id(a.pred)]
     if _splat(pv) is not None:
         return None
     keep = bcast_source(pv) if isinstance(pv, Bcast) else materialize(pv)
-    if keep.dtype != torch.bool or any(keep.shape[d] != 1 for d, lab in enumerate(a.mask_labels)
-                                       if lab == "H" or lab.startswith("U")):
+    if keep.dtype != torch.bool or keep.dim() != len(a.mask_labels) or \
+            any(keep.shape[d] != 1 for d, lab in enumerate(a.mask_labels) if lab in ("H", "G") or lab.startswith("U")):
         return None
-    m = _arrange(keep, [("U" if lab == "H" else lab) for lab in a.mask_labels], ["B", "T", "L"])
-    if m is None:
+    labels = ["U" if lab in ("H", "G") else lab for lab in a.mask_labels]
+    for lab in ("T", "B"):  # the same for every sequence / query: size-1 dims
+        if lab not in labels:
+            keep, labels = keep.unsqueeze(0), [lab] + labels
+    m = _arrange(keep, labels, ["B", "T", "L"])
+    if m is None or m.shape[2] != k.shape[2] or m.shape[0] not in (1, q.shape[0]) or m.shape[1] not in (1, q.shape[2]):
         return None
-    key_states = _repeat_kv(k, a.groups)
-    value_states = _repeat_kv(v, a.groups)
+    if tuple(m.shape[:2]) != (q.shape[0], q.shape[2]):
+        m = m.expand(q.shape[0], q.shape[2], m.shape[2])
+    key_states = _repeat_kv(k, a.groups * a.q_groups)
+    value_states = _repeat_kv(v, a.groups * a.q_groups)
     if fp32_scores:  # HF's SDPA call with its boolean mask (True = attend): -inf where JAX fills -2.4e38, both 0
         out = F.scaled_dot_product_attention(q, key_states, value_states, attn_mask=m[:, None], dropout_p=0.0,
                                              scale=a.scale, is_causal=False)
     else:
-        mask = torch.where(m, torch.zeros((), dtype=q.dtype), torch.full((), a.fill, dtype=q.dtype))[:, None]
+        mask = torch.where(m, torch.zeros((), dtype=q.dtype), torch.full((), fill, dtype=q.dtype))[:, None]
         attn_weights = torch.matmul(q, key_states.transpose(2, 3)) * a.scale
         attn_weights = attn_weights + mask
         attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(attn_weights, value_states)
+    storage = ["B", "H", "T", "D"]
+    if grouped:  # HF's ``attn_output.transpose(1, 2)``, its heads back into the einsum's (KV, G)
+        out = out.transpose(1, 2).reshape(b_, t_, kv_, g_, d_)
+        storage = ["B", "T", "H", "G", "D"]
     sd = tuple(d for d, lab in enumerate(a.out_labels) if lab.startswith("U"))
     plabels = [lab for lab in a.out_labels if not lab.startswith("U")]
-    perm = tuple(["B", "H", "T", "D"].index(lab) for lab in plabels)
+    perm = tuple(storage.index(lab) for lab in plabels)
     return Stacked({(0,) * len(sd): out}, _shape(op), sd, perm)
 
 
@@ -1071,6 +1131,9 @@ def _scatter(em: Emitter, op: Op, vals: list) -> Any:
     oshape, ishape, ushape = (tuple(o.type.shape) for o in op.operands)
     uwd, iwd, ibd = dn["update_window_dims"], dn["inserted_window_dims"], dn["input_batching_dims"]
     sibd, sd2od, ivd = dn["scatter_indices_batching_dims"], dn["scatter_dims_to_operand_dims"], dn["index_vector_dim"]
+    if isinstance(vals[0], Stacked) and not vals[0].stack_dims and stacked._row_write_dim(op, op.operands[0]) \
+            is not None and kind == "replace":  # one position of a cache kept in HF's layout
+        return _stacked_row_write(op, vals[0], vals[1], vals[2])
     t = materialize(vals[0])
     u = materialize(vals[2])
     if u.dtype != t.dtype:
@@ -1128,6 +1191,23 @@ def _scatter(em: Emitter, op: Op, vals: list) -> Any:
     flat = torch.cat((t.reshape(-1), t.new_zeros(1)))
     flat = torch.index_put(flat, (linear,), u, accumulate=accumulate)
     return flat[:n].reshape(oshape)
+
+
+def _stacked_row_write(op: Op, src: Stacked, index: Any, upd: Any) -> Stacked:
+    """:func:`_row_write` on the storage of a split cache (``[B, L, KV, D]`` held as ``[B, KV, L, D]``)."""
+    d = stacked._row_write_dim(op, op.operands[0])
+    (part,) = src.parts.values()
+    dn = op.attrs["scatter_dimension_numbers"]
+    window = [w for w in range(len(src.shape)) if w not in dn["inserted_window_dims"]]
+    shape = list(src.shape)
+    shape[d] = 1 if d not in window else op.operands[2].type.shape[dn["update_window_dims"][window.index(d)]]
+    u = materialize(upd).reshape(shape)
+    u = stacked.to_storage(src, u)
+    si = _splat(index)
+    start = Splat(si.value, "i64", ()) if si is not None else materialize(index).reshape(()).to(torch.int64)
+    new = _row_write(part, u if u.dtype == part.dtype else u.to(part.dtype), stacked.storage_dim(src, d), start,
+                     src.shape[d] - shape[d])
+    return Stacked({(): new}, src.shape, (), src.perm)
 
 
 def _row_write(t: torch.Tensor, u: torch.Tensor, d: int, start: torch.Tensor, limit: int) -> torch.Tensor:

@@ -136,6 +136,68 @@ def rope_of(add: Op) -> tuple[Value, Value, Value] | None:
     return None
 
 
+def _product(v: Value) -> tuple[Value, Value] | None:
+    op = v.producer
+    return (op.operands[0], op.operands[1]) if op is not None and op.name == "stablehlo.multiply" else None
+
+
+def _times(v: Value, x: Value) -> Value | None:
+    """The other factor of ``v = x * t`` (either order), else ``None``."""
+    p = _product(v)
+    if p is None:
+        return None
+    return p[1] if p[0] is x else p[0] if p[1] is x else None
+
+
+def _broadcast_key(v: Value) -> tuple:
+    """``v`` up to the ``broadcast_in_dim`` ops that make it (JAX broadcasts a table again for every use):
+    (source value, where its dims land, the shape)."""
+    dims = list(range(len(v.type.shape)))
+    shape = tuple(v.type.shape)
+    op = v.producer
+    while op is not None and op.name == "stablehlo.broadcast_in_dim":
+        dims = [dims[d] for d in op.attrs["broadcast_dimensions"]]
+        v = op.operands[0]
+        op = v.producer
+    return id(v), tuple(dims), shape
+
+
+def _same(a: Value | None, b: Value) -> bool:
+    return a is not None and (a is b or _broadcast_key(a) == _broadcast_key(b))
+
+
+def split_rope_of(cat: Op) -> tuple[Value, Value, Value] | None:
+    """The split-half rotary embedding JAX code writes, ``x1, x2 = x[..., :h], x[..., h:]`` and
+    ``concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)`` with half tables ``cos``/``sin``, on a 4-d
+    ``[B, T, H, D]`` value: (x, cos, sin). Per element that is HF's ``x * cat(cos, cos) + rotate_half(x) *
+    cat(sin, sin)`` (``a - b`` is ``a + (-b)`` exactly)."""
+    if cat.name != "stablehlo.concatenate" or len(cat.operands) != 2 or len(cat.result.type.shape) != 4 or \
+            cat.attrs["dimension"] != 3:
+        return None
+    lo, hi = (o.producer for o in cat.operands)
+    if lo is None or hi is None or lo.name != "stablehlo.subtract" or hi.name != "stablehlo.add":
+        return None
+    a, b = lo.operands  # x1 * cos, x2 * sin
+    pa, pb = _product(a), _product(b)
+    if pa is None or pb is None:
+        return None
+    for x1, cos in (pa, pa[::-1]):
+        s1 = x1.producer
+        if s1 is None or s1.name != "stablehlo.slice":
+            continue
+        x = s1.operands[0]
+        if x.type.shape != cat.result.type.shape or not _half_slice(s1, x, lo=True):
+            continue
+        for x2, sin in (pb, pb[::-1]):
+            if x2.producer is None or not _half_slice(x2.producer, x, lo=False):
+                continue
+            # the second half: x2 * cos + x1 * sin, in either order
+            for c_term, s_term in ((hi.operands[0], hi.operands[1]), (hi.operands[1], hi.operands[0])):
+                if _same(_times(c_term, x2), cos) and _same(_times(s_term, x1), sin):
+                    return x, cos, sin
+    return None
+
+
 # ---- attention ----------------------------------------------------------------------------------------------
 @dataclass
 class Attention:
@@ -156,6 +218,7 @@ class Attention:
     softmax_dtype: str = ""  # the element type the masked scores enter the softmax in
     scores_converted: bool = False  # a convert between the scaled scores and the mask (a rounding step)
     probs_dtype: str = ""  # the element type of the probabilities the values are weighted with
+    q_groups: int = 1  # the size of q's ``G`` dim (grouped einsum ``btkgd,bskd->bkgts``: heads = KV * G)
 
 
 def _repeat_of(w: _Walk, v: Value) -> tuple[Value, int] | None:
@@ -211,8 +274,14 @@ def _scores(w: _Walk, s_op: Op) -> tuple[Value, list[str], Value, int, list[str]
         for a, b in zip(qb, kb):
             q_labels[a] = k_labels[b]
         free = [d for d, lab in enumerate(q_labels) if lab is None]
+        h = q_labels.index("H")
+        if len(free) == 2 and h + 1 in free and qv.type.shape[h + 1] != 1:
+            # grouped einsum (``btkgd,bskd->bkgts``): the dim after the KV heads is the group of query heads
+            # that share one KV head (head kv * G + g, as ``jnp.repeat``/HF's repeat_kv pair them)
+            q_labels[h + 1] = "G"
+            free.remove(h + 1)
         big = [d for d in free if qv.type.shape[d] != 1]
-        if len(big) > 1:
+        if len(big) > 1 or not free:  # no query-token dim (a vmap'ed single-token step): not HF's layout
             return None
         t = big[0] if big else free[0]
         for i, d in enumerate(free):
@@ -251,8 +320,8 @@ def attention_of(module: Module, op2: Op) -> Attention | None:
         if sel is None:
             continue
         fill = w.splat(sel.operands[2])
-        pred = _unexpanded(w, sel.operands[0])
-        if fill is None or (post is not None and _unexpanded(w, post.operands[0]) is not pred):
+        pred, pred_dims = _mask_source(w, sel.operands[0])
+        if fill is None or (post is not None and _mask_source(w, post.operands[0])[0] is not pred):
             continue
         chain: list[Op] = []
         y = sel.operands[1]
@@ -260,23 +329,15 @@ def attention_of(module: Module, op2: Op) -> Attention | None:
         while op is not None and op.name in ("stablehlo.transpose", "stablehlo.convert"):
             chain.append(op)
             op = w.op(op.operands[0])
-        if op is None or op.name != "stablehlo.multiply":
-            continue
-        found = None
-        for si in (0, 1):
-            s_op = w.named(op.operands[si], "stablehlo.dot_general")
-            scale = w.splat(op.operands[1 - si])
-            if s_op is not None and scale is not None:
-                found = (s_op, scale)
-                break
+        found = _scaled(w, op) if op is not None else None
         if found is None:
             continue
-        s_op, scale = found
+        s_op, scale, inner = found
         scores = _scores(w, s_op)
         if scores is None:
             continue
         qv, q_labels, k, groups, labels = scores
-        for c in reversed(chain):  # from the scores up to the mask's operand
+        for c in reversed(inner + chain):  # from the scores up to the mask's operand
             if c.name == "stablehlo.transpose":
                 labels = [labels[d] for d in c.attrs["permutation"]]
         if labels[dim] != "L":
@@ -288,25 +349,56 @@ def attention_of(module: Module, op2: Op) -> Attention | None:
                 [labels[a] for a in pb] != [KV_LABELS[b] for b in vb]:
             continue
         out = _result_labels(op2, labels, KV_LABELS) if pi == 0 else _result_labels(op2, KV_LABELS, labels)
-        if sorted(x for x in out if not x.startswith("U")) != ["B", "D", "H", "T"]:
+        q_groups = qv.type.shape[q_labels.index("G")] if "G" in q_labels else 1
+        if sorted(x for x in out if not x.startswith("U")) != sorted(["B", "D", "H", "T"] + ["G"] * ("G" in q_labels)):
+            continue
+        if q_groups > 1 and groups > 1:  # repeated keys and grouped queries at once: not a form JAX code writes
             continue
         return Attention(q=w.outer(qv), q_labels=q_labels, k=k, v=rep[0], groups=groups, scale=scale,
-                         pred=pred, mask_labels=labels, fill=fill, out_labels=out,
+                         pred=pred, mask_labels=[labels[d] for d in pred_dims], fill=fill, out_labels=out,
                          score_dtype=s_op.result.type.dtype, softmax_dtype=x.type.dtype,
                          scores_converted=any(c.name == "stablehlo.convert" for c in chain),
-                         probs_dtype=probs_dtype)
+                         probs_dtype=probs_dtype, q_groups=q_groups)
     return None
 
 
-def _unexpanded(w: _Walk, v: Value) -> Value:
-    """A mask through same-rank ``broadcast_in_dim``s (size-1 dims expanded, no dim moved), as the caller's value."""
+def _scaled(w: _Walk, op: Op) -> tuple[Op, float, list[Op]] | None:
+    """``dot_general * scale`` (or ``/ c`` with ``c`` a power of two, whose reciprocal is exact: the same
+    products), with transposes between the scores and the scaling: (scores op, scale, those transposes)."""
+    import math
+
+    if op.name not in ("stablehlo.multiply", "stablehlo.divide"):
+        return None
+    for si in ((0, 1) if op.name == "stablehlo.multiply" else (0,)):
+        c = w.splat(op.operands[1 - si])
+        if c is None:
+            continue
+        if op.name == "stablehlo.divide":
+            if c == 0 or not math.isfinite(c) or math.frexp(c)[0] != 0.5:
+                return None
+            c = 1.0 / c
+        inner: list[Op] = []
+        t = w.op(op.operands[si])
+        while t is not None and t.name == "stablehlo.transpose":
+            inner.append(t)
+            t = w.op(t.operands[0])
+        if t is not None and t.name == "stablehlo.dot_general":
+            return t, c, inner
+    return None
+
+
+def _mask_source(w: _Walk, v: Value) -> tuple[Value, list[int]]:
+    """A mask through its ``broadcast_in_dim``s (``jnp.where(allowed[L], scores, fill)`` broadcasts ``[L]`` to the
+    scores' shape): (the caller's value, the dim of ``v`` each of its dims is).  Same-rank broadcasts (size-1
+    dims expanded) keep every dim."""
+    dims = list(range(len(v.type.shape)))
     op = w.op(v)
-    while op is not None and op.name == "stablehlo.broadcast_in_dim" and \
-            tuple(op.attrs["broadcast_dimensions"]) == tuple(range(len(v.type.shape))) and \
-            len(op.operands[0].type.shape) == len(v.type.shape):
+    while op is not None and op.name == "stablehlo.broadcast_in_dim":
+        bd = op.attrs["broadcast_dimensions"]
+        dims = [dims[d] for d in bd]
         v = op.operands[0]
         op = w.op(v)
-    return w.outer(v)
+    return w.outer(v), dims
 
 
 def _softmax(w: _Walk, divide: Op) -> tuple[Value, int] | None:

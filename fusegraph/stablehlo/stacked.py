@@ -29,8 +29,12 @@ KERAS_PERM = (0, 2, 1, 3)
 
 def split_layout(v: Value) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(stack dims, perm) when the argument ``v`` is a Keras stacked cache ``[B, n1, n2, L, KV, D]`` read only
-    through slices that take one index of dim 1 (``cache[:, i, ...]``), else ``None``."""
+    through slices that take one index of dim 1 (``cache[:, i, ...]``), or a sequence-major cache
+    ``[B, L, KV, D]`` (JAX code's usual layout) only written one position at a time along ``L`` (then it is one
+    part, no stack dims, stored as HF's ``[B, KV, L, D]``); else ``None``."""
     shape = v.type.shape
+    if len(shape) == 4 and v.users and all(_row_write_dim(u, v) == 1 for u in v.users):
+        return (), KERAS_PERM  # a sequence-major cache [B, L, KV, D] written one position at a time
     if len(shape) != 6 or not v.users:
         return None
     for user in v.users:
@@ -45,6 +49,32 @@ def split_layout(v: Value) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
             elif not full:
                 return None
     return (1, 2), KERAS_PERM
+
+
+def _row_write_dim(op: Any, v: Value) -> int | None:
+    """The dim along which ``op`` writes rows of ``v`` at a dynamic position, every other dim whole: a
+    ``dynamic_update_slice`` of ``v`` (``lax.dynamic_update_slice(cache, k, (0, pos, 0, 0))``) or a one-position
+    ``scatter`` into it (``cache.at[:, pos].set(k)``); else ``None``."""
+    if not op.operands or op.operands[0] is not v or any(o is v for o in op.operands[1:]):
+        return None
+    shape = v.type.shape
+    if op.name == "stablehlo.dynamic_update_slice":
+        moving = [d for d, (a, b) in enumerate(zip(op.operands[1].type.shape, shape)) if a != b]
+        return moving[0] if len(moving) == 1 else None
+    if op.name == "stablehlo.scatter" and len(op.operands) == 3:
+        dn = op.attrs["scatter_dimension_numbers"]
+        index_shape = list(op.operands[1].type.shape)
+        if dn["index_vector_dim"] < len(index_shape):
+            index_shape.pop(dn["index_vector_dim"])
+        sd = dn["scatter_dims_to_operand_dims"]
+        if len(sd) != 1 or dn["input_batching_dims"] or any(n != 1 for n in index_shape):
+            return None
+        window = [d for d in range(len(shape)) if d not in dn["inserted_window_dims"]]
+        sizes = [op.operands[2].type.shape[u] for u in dn["update_window_dims"]]
+        if len(window) != len(sizes) or any(n != shape[d] for d, n in zip(window, sizes) if d != sd[0]):
+            return None
+        return sd[0]
+    return None
 
 
 def part_keys(shape: Sequence[int], stack_dims: Sequence[int]) -> list[tuple[int, ...]]:

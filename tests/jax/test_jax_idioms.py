@@ -21,9 +21,9 @@ import jax.numpy as jnp  # noqa: E402
 
 import fusegraph.jax as fj  # noqa: E402
 
-from jax_helpers import aten_ops, check_against_jax  # noqa: E402
+from jax_helpers import aten_ops, check_against_jax, run_imported  # noqa: E402
 
-VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, MAX_LEN = 512, 128, 256, 2, 4, 2, 32, 16
+VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, MAX_LEN = 512, 128, 256, 2, 4, 2, 64, 16
 GROUPS = HEADS // KV_HEADS
 THETA, EPS = 10000.0, 1e-6
 BATCH, PROMPT, STEPS = 2, 5, 5
@@ -214,6 +214,89 @@ def test_equinox_linear_and_row_lookup_are_linear_and_embedding():
         imported, _ = check_against_jax(lambda w, t, i: w @ t[i], w, table, jnp.int32(tok))
         ops = aten_ops(imported)
         assert "aten.embedding.default" in ops and "aten.t.default" in ops and "aten.bmm.default" not in ops, ops
+
+
+def _attention_inputs(seed=12):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(2, 1, 2, 3, 8)).astype(np.float32))  # [B, T, KV, G, D]
+    k, v = (jnp.asarray(rng.normal(size=(2, 16, 2, 8)).astype(np.float32)) for _ in range(2))  # [B, L, KV, D]
+    return q, k, v
+
+
+@pytest.mark.parametrize("fill", ["finfo", "-inf", "-1e9"])
+@pytest.mark.parametrize("scale", ["multiply", "divide by 8"])
+def test_grouped_einsum_attention_imports_as_hf_grouped_query_attention(fill, scale):
+    """``einsum(btkgd,bskd->bkgts)``, ``where(arange(L) <= pos, s, fill)``, softmax, ``einsum(bkgts,bskd->btkgd)`` is
+    HF's eager GQA (``repeat_kv`` by G, additive mask, fp32 softmax) with KV * G heads."""
+    fills = {"finfo": float(jnp.finfo(jnp.float32).min), "-inf": -jnp.inf, "-1e9": -1e9}
+
+    def attend(q, k, v, pos):
+        s = jnp.einsum("btkgd,bskd->bkgts", q, k)
+        s = s * 0.125 if scale == "multiply" else s / np.float32(8.0)
+        s = jnp.where(jnp.arange(16) <= pos, s, fills[fill])
+        return jnp.einsum("bkgts,bskd->btkgd", jax.nn.softmax(s, axis=-1), v).reshape(2, 1, -1)
+
+    for pos in (0, 5, 15):
+        imported, _ = check_against_jax(attend, *_attention_inputs(), jnp.int32(pos), rtol=1e-6, atol=1e-6)
+    ops = aten_ops(imported)
+    assert "aten._softmax.default" in ops and ops.count("aten.bmm.default") == 2 and "aten.div.Tensor" not in ops
+
+
+def test_attention_scaled_by_a_division_that_is_not_a_power_of_two_is_left_as_written():
+    """``s / sqrt(32)`` is not ``s * (1 / sqrt(32))`` bit for bit: not HF's form (it runs as written)."""
+    def attend(q, k, v):
+        s = jnp.einsum("btkgd,bskd->bkgts", q, k) / np.sqrt(32).astype(np.float32)
+        return jnp.einsum("bkgts,bskd->btkgd", jax.nn.softmax(s, axis=-1), v)
+
+    imported, _ = check_against_jax(attend, *_attention_inputs(), rtol=1e-6, atol=1e-6)
+    assert "aten.div.Tensor" in aten_ops(imported)
+
+
+def test_split_half_rope_is_hf_rope_bit_for_bit():
+    """``cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin])`` is HF's ``x * cat(cos, cos) + rotate_half(x) *
+    cat(sin, sin)``: the same products and sums per element, so the same bits."""
+    rng = np.random.default_rng(13)
+    x = jnp.asarray(rng.normal(size=(2, 1, 4, 32)).astype(np.float32))
+    cos, sin = (jnp.asarray(rng.normal(size=(2, 1, 16)).astype(np.float32)) for _ in range(2))
+
+    def rotate(x, cos, sin):  # rope() above with its tables given (sin/cos are JAX's and PyTorch's own, not exact)
+        c, s = cos[..., None, :], sin[..., None, :]
+        x1, x2 = x[..., :16], x[..., 16:]
+        return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+    imported, _ = check_against_jax(rotate, x, cos, sin, rtol=1e-6, atol=1e-6)  # XLA's CPU code contracts to FMAs
+    (got,) = run_imported(imported, x, cos, sin)
+    np.testing.assert_array_equal(got, np.asarray(rotate(x, cos, sin)))  # op by op (not jitted): the same bits
+    ops = aten_ops(imported)
+    assert "aten.neg.default" in ops and "aten.sub.Tensor" not in ops, ops  # rotate_half's -x2, no x1*c - x2*s
+
+
+@pytest.mark.parametrize("write", ["dynamic_update_slice", "at_set"])
+def test_sequence_major_cache_is_state_in_hf_layout_written_in_place(write):
+    """A donated ``[B, L, KV, D]`` cache written one position at a time is one ``[B, KV, L, D]`` state input (HF's
+    layout), the write an ``index_copy`` along its dim 2; equal to JAX for positions in and out of range."""
+    from fusegraph.stablehlo import import_stablehlo
+
+
+    def step(cache, k, pos):
+        if write == "at_set":
+            new = cache.at[:, pos].set(k[:, 0])
+        else:
+            new = jax.lax.dynamic_update_slice(cache, k, (0, pos, 0, 0))
+        return new.sum(axis=1), new
+
+    cache = jnp.asarray(np.random.default_rng(14).normal(size=(2, 16, 2, 8)).astype(np.float32))
+    k = jnp.asarray(np.random.default_rng(15).normal(size=(2, 1, 2, 8)).astype(np.float32))
+    text = jax.jit(step, donate_argnums=(0,)).lower(cache, k, jnp.int32(3)).as_text()
+    imported = import_stablehlo(text, arg_kinds=["state", "step", "step"])
+    assert imported.inputs[0].kind == "state" and imported.inputs[0].shape == (2, 2, 16, 8)
+    writes = [n for n in imported.gm.graph.nodes if n.op == "call_function" and "index_copy" in str(n.target)]
+    assert len(writes) == 1 and writes[0].args[1] == 2
+    for pos in (0, 3, 15, 16, -1, 40):
+        expected = jax.jit(step)(cache, k, jnp.int32(pos))
+        got = run_imported(imported, cache, k, np.int32(pos))
+        np.testing.assert_allclose(got[0], np.asarray(expected[0]), rtol=1e-6, atol=1e-6)  # a sum: its own order
+        np.testing.assert_array_equal(got[1], np.asarray(expected[1]))  # the cache: the same bits
 
 
 # ---- the check ---------------------------------------------------------------------------------------------
@@ -432,6 +515,21 @@ def _flax_idiom():
 IDIOMS = {"batched": _batched_idiom, "unbatched": _single_idiom, "vmap": _vmapped_idiom, "equinox": _equinox_idiom,
           "flax_nnx": _flax_idiom}
 
+# The built-in patterns each idiom's step matches (the rest of the kernel is generic lowering's tensor path; host
+# pieces are the index/mask/rotary-table arithmetic before the kernel). Batched steps with a sequence-major cache
+# are imported in HF's layout (cache state [B, KV, L, D], grouped einsum attention as HF's GQA, split-half RoPE as
+# HF's rope): the patterns of a HF Llama. Without a batch dim (and under vmap) no HF form exists for the cache
+# and attention; Flax's RMSNorm multiplies x * (rsqrt * scale) (another rounding than HF's, so not rmsnorm) and
+# Equinox's reduces a vector to a scalar (mean without keepdims).
+EXPECTED = {
+    "batched": {"decode_attention": 2, "kv_cache_update": 4, "rope": 4, "rmsnorm": 5, "linear": 15, "swiglu": 2,
+                "embedding": 1},
+    "unbatched": {"rmsnorm": 5, "linear": 15, "swiglu": 2, "embedding": 1},
+    "vmap": {"rope": 4, "rmsnorm": 5, "linear": 15, "swiglu": 2},
+    "equinox": {"linear": 15, "swiglu": 2, "embedding": 1},
+    "flax_nnx": {"decode_attention": 2, "kv_cache_update": 4, "rope": 4, "linear": 15, "swiglu": 2, "embedding": 1},
+}
+
 
 @pytest.mark.parametrize("name", sorted(IDIOMS, key=list(IDIOMS).index))
 def test_idiomatic_jax_step_is_one_kernel_and_equals_jax(name):
@@ -442,3 +540,5 @@ def test_idiomatic_jax_step_is_one_kernel_and_equals_jax(name):
     data = check_one_kernel(out)
     assert data["coverage"] == 1.0 and data["coverage_all_ops"] == 1.0, (data["coverage"], data["unmatched"])
     assert all(r["executed_by"] == "nkisim" for r in data["regions"])
+    counts = {k.removeprefix("fusegraph."): v for k, v in data["pattern_counts"].items()}
+    assert {k: counts.get(k) for k in EXPECTED[name]} == EXPECTED[name], counts

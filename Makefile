@@ -18,7 +18,7 @@ $(BASE_STAMP): pyproject.toml setup.py | $(PY)
 
 $(TEST_STAMP): $(BASE_STAMP) pyproject.toml setup.py
 	$(PY) -m pip install --quiet -e '.[test,jax]'
-	$(PY) -m pip install --quiet --no-deps keras-hub==0.32.0
+	$(PY) -m pip install --quiet --no-deps keras-hub==0.32.0 flax==0.12.8
 	touch $@
 
 setup-base: $(BASE_STAMP)

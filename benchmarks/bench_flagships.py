@@ -21,7 +21,8 @@ the per-layer unsqueeze of the host-side rotary tables), ``coverage`` (the match
 ``sbuf_peak_kib``, ``hbm_gb`` (HBM bytes read per step for the layers built), ``ms_step`` (MODELED, the layers
 built), ``us_layer`` (MODELED, per decoder layer), ``full_ms_token`` (MODELED: ``ms_step`` plus ``us_layer`` for
 each of the model's other layers, batch 1), ``core_limit_ms`` (one core's DMA bound for the layers built),
-``bound``. Everything is modeled on the cost model's sourced parameters (docs/performance.md); nothing here ran on
+``bound``; under the table, the generic ops that cost the most modeled time (the next patterns to write).
+Everything is modeled on the cost model's sourced parameters (docs/performance.md); nothing here ran on
 Trainium.
 """
 from __future__ import annotations
@@ -127,8 +128,27 @@ def measure(name: str, target: str, layers: str) -> dict[str, Any]:
                     "coverage": build.analysis.coverage, "generic_ops": generic})
         if row.get("megakernel_ms") is not None and row.get("megakernel_us_layer") is not None:
             row["full_ms_token"] = row["megakernel_ms"] + (full_layers - int(layers)) * row["megakernel_us_layer"] / 1e3
+        row["top_generic"] = top_generic(res)
     row["seconds"] = time.perf_counter() - t0
     return row
+
+
+def top_generic(res: Any, n: int = 3) -> list[str]:
+    """The generic (tensor-path) ops that cost the step the most modeled time (exposed seconds of their kernel
+    lines, from the cost model's per-line attribution), each as ``region (ATen op): ms``: the next patterns to
+    write. The op is read from the kernel's own comment on each tensor-path op."""
+    import re
+    from collections import defaultdict
+
+    src = res.build.generated.source
+    op_of = dict((name, op) for op, name in re.findall(r"# (\S+) \((\S+)\) on the tensor path", src))
+    cost: dict[str, float] = defaultdict(float)
+    for line in res.strategies.megakernel.to_dict(lines=400)["top_lines"]:
+        region = line.get("region") or ""
+        if region in op_of:
+            cost[region] += line.get("exposed_s") or 0.0
+    top = sorted(cost.items(), key=lambda kv: -kv[1])[:n]
+    return [f"{r} ({op_of[r]}): {s * 1e3:.2f} ms" for r, s in top]
 
 
 COLUMNS = [("model", "model"), ("status", "status"), ("megakernel_launches", "launches"), ("regions", "regions"),
@@ -136,6 +156,8 @@ COLUMNS = [("model", "model"), ("status", "status"), ("megakernel_launches", "la
            ("sbuf_peak_kib", "SBUF peak KiB"), ("hbm_gb_per_token", "HBM GB/step"), ("megakernel_ms", "ms/step"),
            ("megakernel_us_layer", "us/layer"), ("layers", "model layers"), ("full_ms_token", "full ms/token"),
            ("limit_core_ms", "core DMA limit ms"), ("megakernel_bound", "bound"), ("failure", "failure")]
+#: printed under the table, one line per model
+DETAIL = "top_generic"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out, {"target": args.target, "layers_built": args.layers, "rows": rows,
                               "method": "one core, whole model, shape-only on the meta device; MODELED"}, quiet=True)
     print_table(rows, COLUMNS)
+    print("\nmost expensive generic ops (MODELED exposed time per step; the next patterns to write):")
+    for r in rows:
+        print(f"  {r['model']}: " + ("; ".join(r.get(DETAIL) or []) or "-"))
     print(f"wrote {args.out}")
     return 0
 

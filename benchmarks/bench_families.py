@@ -177,7 +177,7 @@ def measure(family: str, steps: str = "6", tied: str = "0") -> dict:
 
 _REFUSING = ("refuse_match", "refuse_merge", "dissolve", "fallback", "refuse_break", "require_full")
 _LOST_OVERLAP = re.compile(r"^overlaps .*, which wins on ")
-_BENIGN_EAGER = re.compile(r"^(no-op|constant op|folded layout op)")
+_BENIGN_EAGER = re.compile(r"^(no-op|constant op|folded layout op|host arithmetic on Python numbers)")
 
 
 def _refusing(report: dict) -> list[dict]:

@@ -294,6 +294,16 @@ def _unmatched(a: Analysis, region_reasons: dict[str, str]) -> list[Unmatched]:
     return out
 
 
+#: the reason of an op on Python numbers (see :func:`is_host_arithmetic`)
+HOST_ARITHMETIC = "host arithmetic on Python numbers (a size or a position): no tensor, nothing to fuse"
+
+
+def is_host_arithmetic(d: dict) -> bool:
+    """An op of Python numbers (``_operator.add`` of a symbolic size and an int, say): no tensor in or out, the host
+    computes it as it computes the step's launch arguments; not an op left to eager PyTorch."""
+    return d.get("kind") == "op" and d.get("shape") is None and str(d.get("op", "")).startswith(("_operator.", "sym_"))
+
+
 def _reason(a: Analysis, cv: CanonicalView, n: str, refused_at: dict[str, Refusal], cache: dict[tuple, str],
             fallback: frozenset[str]) -> str:
     from .matcher import _op_in
@@ -302,6 +312,8 @@ def _reason(a: Analysis, cv: CanonicalView, n: str, refused_at: dict[str, Refusa
     d = G.nodes[n]
     if _op_in(d["op"], fallback):
         return "forced to fallback by the fallback_ops option"
+    if is_host_arithmetic(d):
+        return HOST_ARITHMETIC
     if n in cv.folded:
         src = cv.folded[n]
         return f"no-op ({d['op']}) on a value crossing a region boundary (its value is {src}'s)"

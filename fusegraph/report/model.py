@@ -14,7 +14,7 @@ import networkx as nx
 
 from ..capture.session import CaptureSession
 from ..capture.summary import summarize
-from ..matching.analyze import Analysis
+from ..matching.analyze import Analysis, is_host_arithmetic
 from ..matching.pattern import REGISTRY
 from ..matching.results import jsonable
 from ..program.execution import ExecutionRecord, RegionRun
@@ -187,7 +187,8 @@ def _executed(a: Analysis, ops: list[str], layer_ops: list[str], launches: int, 
                 "boundaries_per_step": len(a.regions) + a.fallback_segments() + len(refused.graphs)}
     G = a.program.graph
     cov = refused.coverage(ops, layer_ops, ran.__contains__, 0.0)
-    eager = [n for n in ops if n not in ran and G.nodes[n]["op"] != "aten.alias.default"]
+    eager = [n for n in ops if n not in ran and G.nodes[n]["op"] != "aten.alias.default"
+             and not is_host_arithmetic(G.nodes[n])]  # a size's arithmetic is the host's, like launch arguments
     segments = nx.number_connected_components(G.subgraph(eager).to_undirected(as_view=True)) if eager else 0
     segments += len(refused.graphs)
     return {"coverage": round(cov, 6), "coverage_basis": "executed", "boundaries_per_step": launches + segments,

@@ -11,6 +11,8 @@ per step with every op in it, verified on its first call, and gives eager's toke
 * GPT-OSS: experts through HF's grouped-MoE path with its own hooks (weights stored ``[E, in, out]``, biases, a
   clamped interleaved SwiGLU: no experts pattern), attention with sinks, a top-k -> softmax router: the grouped
   matmul, ``histc`` and the sort / gathers around them run on the tensor path (``codegen/tensor/grouped.py``).
+* Cohere2-MoE: a step with host arithmetic on Python numbers (``_operator.add`` of a size) outside every region:
+  the report files it as host arithmetic, not as an op left to eager (``eager_segments`` stays 0).
 
 The whole sweep over every ``*ForCausalLM`` class is ``benchmarks/bench_families.py`` (slow test
 ``tests/test_family_sweep.py``).
@@ -31,7 +33,7 @@ from fusegraph.report import report_for_session
 STEPS = 3
 
 
-@pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next", "GptOss"])
+@pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next", "GptOss", "Cohere2Moe"])
 def test_family_runs_as_one_kernel_with_every_op(family):
     case = build_case(family)
     ref = case.fork()
@@ -52,3 +54,4 @@ def test_family_runs_as_one_kernel_with_every_op(family):
     eager = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)
              and "through generic lowering" not in str(w.message)]
     assert eager == []
+    assert report_for_session(session).to_dict().get("eager_segments", 0) == 0

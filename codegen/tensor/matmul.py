@@ -47,11 +47,14 @@ def _ap(ctx: Context, ref: TRef, dims: tuple[int, int], starts: dict[int, str], 
 
 @register_emitter("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default")
 def _matmul(ins: TensorOp, ctx: Context, code: Code) -> int:
-    bias = None
+    bias, alpha, beta = None, 1.0, 1.0
     if ins.op in ("aten.addmm.default", "aten.baddbmm.default"):
         bias, a, b = ins.args[0], ins.args[1], ins.args[2]
-        if ins.kwargs.get("beta", 1) != 1 or ins.kwargs.get("alpha", 1) != 1:
-            raise CodegenError(f"{ins.op} with alpha/beta")
+        beta, alpha = float(ins.kwargs.get("beta", 1)), float(ins.kwargs.get("alpha", 1))
+        if not isinstance(bias, TRef):
+            raise CodegenError(f"{ins.op} of a non-tensor input")
+        if beta == 0:  # PyTorch ignores the input then (even its NaN and inf)
+            bias = None
     else:
         a, b = ins.args[0], ins.args[1]
     if not (isinstance(a, TRef) and isinstance(b, TRef)):
@@ -69,7 +72,7 @@ def _matmul(ins: TensorOp, ctx: Context, code: Code) -> int:
     tiles = B * -(-M // PMAX) * -(-N // MOVING_MAX)
     if tiles > MAX_TILES:
         raise CodegenError(f"{ins.op} of {a.shape} x {b.shape} needs {tiles} output tiles")
-    mm = _Matmul(ins, ctx, code, a, b, out, bias, K)
+    mm = _Matmul(ins, ctx, code, a, b, out, bias, K, alpha, beta)
 
     def batches(bstart: str) -> None:
         tiled(code, M, PMAX, lambda m0, ms, _f: tiled(code, N, MOVING_MAX,
@@ -91,8 +94,9 @@ class _Matmul:
     """One output tile ``[m, n]`` of one batch: k tiles accumulated in PSUM, evicted, biased, stored."""
 
     def __init__(self, ins: TensorOp, ctx: Context, code: Code, a: TRef, b: TRef, out: TRef, bias: TRef | None,
-                 K: int) -> None:
+                 K: int, alpha: float = 1.0, beta: float = 1.0) -> None:
         self.ins, self.ctx, self.code, self.a, self.b, self.out, self.bias, self.K = ins, ctx, code, a, b, out, bias, K
+        self.alpha, self.beta = alpha, beta  # addmm/baddbmm: beta * input + alpha * (a @ b)
         self.name = ins.name_stem()
         self.scratch = 0
 
@@ -116,7 +120,17 @@ class _Matmul:
             bt = tile_alloc(code, (ms, ns), self.bias.dtype, name, "bias")
             code(f"nisa.dma_copy(dst={bt}, src={_ap(self.ctx, self.bias, (1, 2), {0: b0, 1: m0, 2: n0}, (ms, ns))}, "
                  f"name=\"{name}.loadbias\")")
-            code(f"nisa.tensor_tensor(dst={o}, data1={ps}, data2={bt}, op=nl.add, name=\"{name}.bias\")")
+            if self.beta != 1.0:
+                code(f"nisa.tensor_scalar(dst={bt}, data={bt}, op0=nl.multiply, operand0={self.beta!r}, "
+                     f"name=\"{name}.beta\")")
+            if self.alpha != 1.0:
+                code(f"nisa.scalar_tensor_tensor(dst={o}, data={ps}, op0=nl.multiply, operand0={self.alpha!r}, "
+                     f"op1=nl.add, operand1={bt}, name=\"{name}.bias\")")
+            else:
+                code(f"nisa.tensor_tensor(dst={o}, data1={ps}, data2={bt}, op=nl.add, name=\"{name}.bias\")")
+        elif self.alpha != 1.0:
+            code(f"nisa.tensor_scalar(dst={o}, data={ps}, op0=nl.multiply, operand0={self.alpha!r}, "
+                 f"name=\"{name}.alpha\")")
         else:
             code(f"nisa.tensor_copy(dst={o}, src={ps}, name=\"{name}.evict\")")
         code(f"nisa.dma_copy(dst={_ap(self.ctx, self.out, (1, 2), {0: b0, 1: m0, 2: n0}, (ms, ns))}, src={o}, "

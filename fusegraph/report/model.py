@@ -15,6 +15,7 @@ import networkx as nx
 from ..capture.session import CaptureSession
 from ..capture.summary import summarize
 from ..matching.analyze import Analysis, is_host_arithmetic
+from ..matching.tensor_ops import VIEW
 from ..matching.pattern import REGISTRY
 from ..matching.results import jsonable
 from ..program.execution import ExecutionRecord, RegionRun
@@ -175,6 +176,11 @@ class _Refused:
         return sum(1 for n in ops if inside(n)) / total if total else default
 
 
+#: ops that launch nothing when they run outside a kernel: views are metadata (clone/contiguous copy: not here)
+_METADATA_ONLY = (VIEW - {"aten.clone.default", "aten.contiguous.default", "aten.lift_fresh_copy.default"}) | {
+    "aten.alias.default"}
+
+
 def _executed(a: Analysis, ops: list[str], layer_ops: list[str], launches: int, refused: _Refused) -> dict[str, Any]:
     """Coverage and boundaries of what runs, not of what matched: a region whose kernel was refused, failed or
     was disabled by verification counts as eager ops, and so does every op of a graph fusegraph refused. With no
@@ -187,8 +193,9 @@ def _executed(a: Analysis, ops: list[str], layer_ops: list[str], launches: int, 
                 "boundaries_per_step": len(a.regions) + a.fallback_segments() + len(refused.graphs)}
     G = a.program.graph
     cov = refused.coverage(ops, layer_ops, ran.__contains__, 0.0)
-    eager = [n for n in ops if n not in ran and G.nodes[n]["op"] != "aten.alias.default"
-             and not is_host_arithmetic(G.nodes[n])]  # a size's arithmetic is the host's, like launch arguments
+    # not a launch: a size's arithmetic (the host's, like launch arguments) or a view (metadata, no data moves)
+    eager = [n for n in ops if n not in ran and G.nodes[n]["op"] not in _METADATA_ONLY
+             and not is_host_arithmetic(G.nodes[n])]
     segments = nx.number_connected_components(G.subgraph(eager).to_undirected(as_view=True)) if eager else 0
     segments += len(refused.graphs)
     return {"coverage": round(cov, 6), "coverage_basis": "executed", "boundaries_per_step": launches + segments,

@@ -423,6 +423,20 @@ def test_grouped_moe_ops_equal_eager(case):
         _same(ref, [want])
 
 
+@pytest.mark.parametrize("beta,alpha", [(1.0, 0.125), (0.5, 1.0), (2.0, -0.5), (0.0, 1.0)])
+def test_baddbmm_with_alpha_and_beta(beta, alpha):
+    """Bloom's ALiBi scores: ``baddbmm(alibi, q, k^T, beta=1, alpha=1/sqrt(d))``; beta=0 ignores the input (its
+    inf too, as PyTorch does)."""
+    bias = torch.randn(2, 3, 5, generator=_g(11))
+    if beta == 0.0:
+        bias[0, 0, 0] = float("inf")
+    args = (bias, torch.randn(2, 3, 40, generator=_g(12)), torch.randn(2, 40, 5, generator=_g(13)))
+    got, ref, _, _ = _one_op(A.baddbmm.default, args, {"beta": beta, "alpha": alpha})
+    want = A.baddbmm.default(*args, beta=beta, alpha=alpha)
+    assert torch.allclose(got[0], want, rtol=1e-5, atol=1e-5), (got[0] - want).abs().max()
+    assert torch.allclose(ref[0], want)
+
+
 def test_histc_of_integer_ids_counts_like_the_float_ids():
     """HF histograms int ids on accelerators (CPU PyTorch has no integer histc): the kernel and the reference VM
     count them as the float ids are counted, in the ids' type."""

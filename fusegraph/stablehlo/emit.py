@@ -621,7 +621,11 @@ def _attention(em: Emitter, op: Op, a: layout_idioms.Attention) -> Stacked | Non
     env = em_values(em)
     kl = layout_idioms.KV_LABELS
     grouped = "G" in a.q_labels
-    q = _arrange(env[id(a.q)], a.q_labels, ["B", "T", "H", "G", "D"] if grouped else ["B", "H", "T", "D"])
+    tokens = "T" in a.q_labels  # else one query per sequence, without a dim for it (vmap'ed): a size-1 T
+    wanted = ["B", "T", "H", "G", "D"] if grouped else ["B", "H", "T", "D"]
+    q = _arrange(env[id(a.q)], a.q_labels, wanted if tokens else [lab for lab in wanted if lab != "T"])
+    if q is not None and not tokens:
+        q = q.unsqueeze(wanted.index("T"))
     k = _arrange(env[id(a.k)], kl, ["B", "H", "L", "D"])
     v = _arrange(env[id(a.v)], kl, ["B", "H", "L", "D"])
     if q is None or k is None or v is None or q.dtype != _dtype(op) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -669,6 +673,9 @@ def _attention(em: Emitter, op: Op, a: layout_idioms.Attention) -> Stacked | Non
     if grouped:  # HF's ``attn_output.transpose(1, 2)``, its heads back into the einsum's (KV, G)
         out = out.transpose(1, 2).reshape(b_, t_, kv_, g_, d_)
         storage = ["B", "T", "H", "G", "D"]
+    if not tokens:
+        out = out.squeeze(storage.index("T"))
+        storage = [lab for lab in storage if lab != "T"]
     sd = tuple(d for d, lab in enumerate(a.out_labels) if lab.startswith("U"))
     plabels = [lab for lab in a.out_labels if not lab.startswith("U")]
     perm = tuple(storage.index(lab) for lab in plabels)
@@ -1134,6 +1141,10 @@ def _scatter(em: Emitter, op: Op, vals: list) -> Any:
     if isinstance(vals[0], Stacked) and not vals[0].stack_dims and stacked._row_write_dim(op, op.operands[0]) \
             is not None and kind == "replace":  # one position of a cache kept in HF's layout
         return _stacked_row_write(op, vals[0], vals[1], vals[2])
+    if isinstance(vals[0], Stacked) and not vals[0].stack_dims and kind == "replace":
+        out = _stacked_batched_write(op, vals[0], vals[1], vals[2])  # vmap's write of a cache in HF's layout
+        if out is not None:
+            return out
     t = materialize(vals[0])
     u = materialize(vals[2])
     if u.dtype != t.dtype:
@@ -1193,6 +1204,38 @@ def _scatter(em: Emitter, op: Op, vals: list) -> Any:
     return flat[:n].reshape(oshape)
 
 
+def _stacked_batched_write(op: Op, src: Stacked, index: Any, upd: Any) -> Stacked | None:
+    """A ``jax.vmap``'ed ``dynamic_update_slice`` (each sequence's rows at its own position, the starts clamped
+    into range) on the storage of a split cache: ``index_put`` at (sequence, position) over the storage dims."""
+    d = stacked.batched_row_write_dim(op, op.operands[0])
+    dn = op.attrs["scatter_dimension_numbers"]
+    if d is None or dn["index_vector_dim"] != len(op.operands[1].type.shape) - 1 or \
+            len(op.operands[1].type.shape) != 2:
+        return None
+    ushape = op.operands[2].type.shape
+    limits = [src.shape[x] - (ushape[dn["update_window_dims"][x - 1]]) for x in dn["scatter_dims_to_operand_dims"]]
+    if not _clamped_within(op, limits):
+        return None
+    (part,) = src.parts.values()
+    u = stacked.to_storage(src, materialize(upd))  # [B, n, KV, D] -> the storage's [B, KV, n, D]
+    starts = materialize(index).to(torch.int64)
+    pos = starts[:, dn["scatter_dims_to_operand_dims"].index(d)]
+    n = ushape[dn["update_window_dims"][d - 1]]
+    sd = stacked.storage_dim(src, d)
+    grids = []
+    for k in range(part.dim()):
+        shape = [1] * part.dim()
+        shape[k] = u.shape[k]
+        if k == 0:
+            grids.append(torch.arange(part.shape[0]).reshape(shape))
+        elif k == sd:
+            grids.append((pos.reshape([-1] + [1] * (part.dim() - 1)) + torch.arange(n).reshape(shape)))
+        else:
+            grids.append(torch.arange(part.shape[k]).reshape(shape))
+    new = torch.index_put(part, tuple(grids), u if u.dtype == part.dtype else u.to(part.dtype))
+    return Stacked({(): new}, src.shape, (), src.perm)
+
+
 def _stacked_row_write(op: Op, src: Stacked, index: Any, upd: Any) -> Stacked:
     """:func:`_row_write` on the storage of a split cache (``[B, L, KV, D]`` held as ``[B, KV, L, D]``)."""
     d = stacked._row_write_dim(op, op.operands[0])
@@ -1243,14 +1286,18 @@ def _gather(em: Emitter, op: Op, vals: list) -> Any:
     elif ivd != len(ishape) - 1:
         idx = idx.movedim(ivd, -1)
     batch_shape = tuple(idx.shape[:-1])
-    # the embedding lookup: rows of a [V, H] table
-    if (len(oshape) == 2 and dn["collapsed_slice_dims"] == (0,) and dn["start_index_map"] == (0,)
-            and sizes == (1, oshape[1]) and dn["offset_dims"] == (len(batch_shape),) and not dn["operand_batching_dims"]):
-        rows = torch.clamp(idx.reshape(batch_shape), 0, oshape[0] - 1)
+    # the embedding lookup: rows of a [V, H] table (also a vmap'ed ``table[token]``, whose gather keeps the row dim
+    # and starts the column at 0: a whole row's start is clamped to 0 by the gather itself)
+    collapsed = dn["collapsed_slice_dims"]
+    if (len(oshape) == 2 and collapsed in ((0,), ()) and dn["start_index_map"] in ((0,), (0, 1))
+            and sizes == (1, oshape[1]) and not dn["operand_batching_dims"]
+            and dn["offset_dims"] == tuple(range(len(batch_shape), len(batch_shape) + 2 - len(collapsed)))):
+        rows = torch.clamp(idx[..., dn["start_index_map"].index(0)], 0, oshape[0] - 1)
         if len(batch_shape) < 2:  # one token, or one per sequence: embedding's [B, S] indices
             rows = rows.reshape(-1, 1)
             return F.embedding(rows, materialize(operand_v)).reshape(out_shape)
-        return F.embedding(rows, materialize(operand_v))
+        out = F.embedding(rows, materialize(operand_v))
+        return out if tuple(out.shape) == out_shape else out.reshape(out_shape)
     operand = materialize(operand_v)
     out_rank = len(out_shape)
     offset_dims = dn["offset_dims"]

@@ -275,17 +275,20 @@ def _scores(w: _Walk, s_op: Op) -> tuple[Value, list[str], Value, int, list[str]
             q_labels[a] = k_labels[b]
         free = [d for d, lab in enumerate(q_labels) if lab is None]
         h = q_labels.index("H")
-        if len(free) == 2 and h + 1 in free and qv.type.shape[h + 1] != 1:
-            # grouped einsum (``btkgd,bskd->bkgts``): the dim after the KV heads is the group of query heads
-            # that share one KV head (head kv * G + g, as ``jnp.repeat``/HF's repeat_kv pair them)
+        if h + 1 in free and qv.type.shape[h + 1] != 1 and (len(free) == 2 or rep[1] == 1):
+            # grouped einsum (``btkgd,bskd->bkgts``; ``kgd,skd->kgs`` vmap'ed, without a token dim): the dim after
+            # the KV heads is the group of query heads that share one KV head (head kv * G + g, as
+            # ``jnp.repeat``/HF's repeat_kv pair them). Any labelling is the same arithmetic; this one keeps the
+            # query-token dim (1 in a decode step) apart from the heads
             q_labels[h + 1] = "G"
             free.remove(h + 1)
         big = [d for d in free if qv.type.shape[d] != 1]
-        if len(big) > 1 or not free:  # no query-token dim (a vmap'ed single-token step): not HF's layout
+        if len(big) > 1:
             return None
-        t = big[0] if big else free[0]
-        for i, d in enumerate(free):
-            q_labels[d] = "T" if d == t else f"U{i}"
+        if free:  # else no query-token dim: one token per sequence (a vmap'ed single-token step)
+            t = big[0] if big else free[0]
+            for i, d in enumerate(free):
+                q_labels[d] = "T" if d == t else f"U{i}"
         ql = [str(x) for x in q_labels]
         labels = _result_labels(s_op, ql, k_labels) if qi == 0 else _result_labels(s_op, k_labels, ql)
         return qv, ql, rep[0], rep[1], labels
@@ -350,7 +353,8 @@ def attention_of(module: Module, op2: Op) -> Attention | None:
             continue
         out = _result_labels(op2, labels, KV_LABELS) if pi == 0 else _result_labels(op2, KV_LABELS, labels)
         q_groups = qv.type.shape[q_labels.index("G")] if "G" in q_labels else 1
-        if sorted(x for x in out if not x.startswith("U")) != sorted(["B", "D", "H", "T"] + ["G"] * ("G" in q_labels)):
+        if sorted(x for x in out if not x.startswith("U")) != \
+                sorted(["B", "D", "H"] + ["T"] * ("T" in q_labels) + ["G"] * ("G" in q_labels)):
             continue
         if q_groups > 1 and groups > 1:  # repeated keys and grouped queries at once: not a form JAX code writes
             continue

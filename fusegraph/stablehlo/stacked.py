@@ -33,7 +33,8 @@ def split_layout(v: Value) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     ``[B, L, KV, D]`` (JAX code's usual layout) only written one position at a time along ``L`` (then it is one
     part, no stack dims, stored as HF's ``[B, KV, L, D]``); else ``None``."""
     shape = v.type.shape
-    if len(shape) == 4 and v.users and all(_row_write_dim(u, v) == 1 for u in v.users):
+    if len(shape) == 4 and v.users and all(_row_write_dim(u, v) == 1 or batched_row_write_dim(u, v) == 1
+                                           for u in v.users):
         return (), KERAS_PERM  # a sequence-major cache [B, L, KV, D] written one position at a time
     if len(shape) != 6 or not v.users:
         return None
@@ -75,6 +76,24 @@ def _row_write_dim(op: Any, v: Value) -> int | None:
             return None
         return sd[0]
     return None
+
+
+def batched_row_write_dim(op: Any, v: Value) -> int | None:
+    """The dim along which a ``jax.vmap``'ed ``dynamic_update_slice`` writes rows of ``v`` (a scatter with the
+    batch dim 0 as its batching dim, each sequence at its own position, every other dim whole); else ``None``."""
+    if op.name != "stablehlo.scatter" or len(op.operands) != 3 or op.operands[0] is not v or \
+            any(o is v for o in op.operands[1:]):
+        return None
+    dn = op.attrs["scatter_dimension_numbers"]
+    shape = v.type.shape
+    if dn["input_batching_dims"] != (0,) or dn["inserted_window_dims"]:
+        return None
+    window = [d for d in range(len(shape)) if d != 0]
+    sizes = [op.operands[2].type.shape[u] for u in dn["update_window_dims"]]
+    if len(window) != len(sizes):
+        return None
+    moving = [d for d, n in zip(window, sizes) if n != shape[d]]
+    return moving[0] if len(moving) == 1 and moving[0] in dn["scatter_dims_to_operand_dims"] else None
 
 
 def part_keys(shape: Sequence[int], stack_dims: Sequence[int]) -> list[tuple[int, ...]]:

@@ -207,13 +207,17 @@ def test_vmapped_dynamic_update_slice_is_an_index_put(pos):
 
 def test_equinox_linear_and_row_lookup_are_linear_and_embedding():
     """``W @ x`` with the weight on the left (eqx.nn.Linear) is ``linear(x, W)``; a row of a ``[V, H]`` argument
-    read by ``dynamic_slice`` (eqx.nn.Embedding, ``table[token]``) is ``embedding``."""
+    read by ``dynamic_slice`` (eqx.nn.Embedding, ``table[token]``) is ``embedding``, also under ``jax.vmap``."""
     w = jnp.asarray(np.random.default_rng(10).normal(size=(8, 4)).astype(np.float32))
     table = jnp.asarray(np.random.default_rng(11).normal(size=(10, 4)).astype(np.float32))
     for tok in (0, 9, 12, -1, -11):
         imported, _ = check_against_jax(lambda w, t, i: w @ t[i], w, table, jnp.int32(tok))
         ops = aten_ops(imported)
         assert "aten.embedding.default" in ops and "aten.t.default" in ops and "aten.bmm.default" not in ops, ops
+    # vmap'ed, table[token] is a gather that keeps the row dim: an embedding too
+    imported, _ = check_against_jax(jax.vmap(lambda t, i: t[i], in_axes=(None, 0)), table,
+                                    jnp.asarray([0, 9, 12, -1, -11], jnp.int32))
+    assert "aten.embedding.default" in aten_ops(imported)
 
 
 def _attention_inputs(seed=12):
@@ -271,30 +275,34 @@ def test_split_half_rope_is_hf_rope_bit_for_bit():
     assert "aten.neg.default" in ops and "aten.sub.Tensor" not in ops, ops  # rotate_half's -x2, no x1*c - x2*s
 
 
-@pytest.mark.parametrize("write", ["dynamic_update_slice", "at_set"])
+@pytest.mark.parametrize("write", ["dynamic_update_slice", "at_set", "vmap"])
 def test_sequence_major_cache_is_state_in_hf_layout_written_in_place(write):
     """A donated ``[B, L, KV, D]`` cache written one position at a time is one ``[B, KV, L, D]`` state input (HF's
-    layout), the write an ``index_copy`` along its dim 2; equal to JAX for positions in and out of range."""
+    layout), the write an ``index_copy`` along its dim 2 (per-sequence positions, vmap'ed: an ``index_put``);
+    equal to JAX for positions in and out of range."""
     from fusegraph.stablehlo import import_stablehlo
-
 
     def step(cache, k, pos):
         if write == "at_set":
             new = cache.at[:, pos].set(k[:, 0])
+        elif write == "vmap":
+            new = jax.vmap(lambda c, k, p: jax.lax.dynamic_update_slice(c, k, (p, 0, 0)))(cache, k, pos)
         else:
             new = jax.lax.dynamic_update_slice(cache, k, (0, pos, 0, 0))
         return new.sum(axis=1), new
 
     cache = jnp.asarray(np.random.default_rng(14).normal(size=(2, 16, 2, 8)).astype(np.float32))
     k = jnp.asarray(np.random.default_rng(15).normal(size=(2, 1, 2, 8)).astype(np.float32))
-    text = jax.jit(step, donate_argnums=(0,)).lower(cache, k, jnp.int32(3)).as_text()
+    positions = [[0, 3], [15, 16], [-1, 40]] if write == "vmap" else [0, 3, 15, 16, -1, 40]
+    text = jax.jit(step, donate_argnums=(0,)).lower(cache, k, jnp.asarray(positions[0], jnp.int32)).as_text()
     imported = import_stablehlo(text, arg_kinds=["state", "step", "step"])
     assert imported.inputs[0].kind == "state" and imported.inputs[0].shape == (2, 2, 16, 8)
-    writes = [n for n in imported.gm.graph.nodes if n.op == "call_function" and "index_copy" in str(n.target)]
-    assert len(writes) == 1 and writes[0].args[1] == 2
-    for pos in (0, 3, 15, 16, -1, 40):
-        expected = jax.jit(step)(cache, k, jnp.int32(pos))
-        got = run_imported(imported, cache, k, np.int32(pos))
+    op = "index_put" if write == "vmap" else "index_copy"
+    writes = [n for n in imported.gm.graph.nodes if n.op == "call_function" and op in str(n.target)]
+    assert len(writes) == 1 and writes[0].args[0] is next(iter(imported.gm.graph.nodes))  # into the state input
+    for pos in positions:
+        expected = jax.jit(step)(cache, k, jnp.asarray(pos, jnp.int32))
+        got = run_imported(imported, cache, k, np.asarray(pos, np.int32))
         np.testing.assert_allclose(got[0], np.asarray(expected[0]), rtol=1e-6, atol=1e-6)  # a sum: its own order
         np.testing.assert_array_equal(got[1], np.asarray(expected[1]))  # the cache: the same bits
 
@@ -525,7 +533,7 @@ EXPECTED = {
     "batched": {"decode_attention": 2, "kv_cache_update": 4, "rope": 4, "rmsnorm": 5, "linear": 15, "swiglu": 2,
                 "embedding": 1},
     "unbatched": {"rmsnorm": 5, "linear": 15, "swiglu": 2, "embedding": 1},
-    "vmap": {"rope": 4, "rmsnorm": 5, "linear": 15, "swiglu": 2},
+    "vmap": {"decode_attention": 2, "rope": 4, "rmsnorm": 5, "linear": 15, "swiglu": 2, "embedding": 1},
     "equinox": {"linear": 15, "swiglu": 2, "embedding": 1},
     "flax_nnx": {"decode_attention": 2, "kv_cache_update": 4, "rope": 4, "linear": 15, "swiglu": 2, "embedding": 1},
 }

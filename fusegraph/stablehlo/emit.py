@@ -615,7 +615,8 @@ def _attention(em: Emitter, op: Op, a: layout_idioms.Attention) -> Stacked | Non
 
     Grouped einsums (``btkgd,bskd->bkgts``, queries ``[B, T, KV, G, D]``) are HF's grouped-query attention with
     ``KV * G`` heads (head ``kv * G + g``) and ``repeat_kv(k, G)``: the same products. A ``-inf`` fill is
-    ``finfo.min`` in the additive mask (``exp(. - max)`` is 0 for both, under the same condition); a scale written
+    ``finfo.min`` in the additive mask (``exp(. - max)`` is 0 for both, under the same condition; with no position
+    attending JAX's ``-inf`` gives NaN, this form the mean of the values); a scale written
     as a division by a power of two is the multiplication by its (exact) reciprocal; a mask that does not vary
     over the batch or the query (``jnp.arange(L) <= pos``) is expanded to HF's ``[B, 1, T, L]``."""
     env = em_values(em)

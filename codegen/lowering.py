@@ -249,6 +249,10 @@ class Lowerer:
             if cand in self.values:
                 v = self.values[cand]
                 return self._activation_of(cand, v) if v.kind == V.TENSOR else v
+        view = service("tensor view")(self, nid)  # region glue over a kernel value (a fused QKV's select)
+        if view is not None:
+            self.values[nid] = view
+            return self._activation_of(nid, view)
         d = self.node(nid)
         F = self.features(nid)
         src = self._arg(nid, V.INPUT, (self.T, F), _dtype(d["dtype"]), f"in_{d.get('name') or nid}")

@@ -11,10 +11,11 @@ lowered piece by piece (:mod:`.lower`). Which ops it takes is matching's table
 """
 from . import conv, grouped, index, matmul, move, pointwise, reduce, scan, select  # noqa: F401  (emitter registration)
 from .instruction import EMITTERS, TensorOp
-from .lower import TensorLowering, lower_tensor_piece, store_tensor_output, tensor_piece_refusal
+from .lower import TensorLowering, kernel_view, lower_tensor_piece, store_tensor_output, tensor_piece_refusal
 from .view import TRef
 from ..registry import provide
 
 provide("tensor output", store_tensor_output)
+provide("tensor view", kernel_view)
 
 __all__ = ["EMITTERS", "TRef", "TensorLowering", "TensorOp", "lower_tensor_piece", "tensor_piece_refusal"]

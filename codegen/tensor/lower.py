@@ -377,6 +377,22 @@ def _evaluate(G: Any, d: dict) -> torch.Tensor:
     return out.detach().cpu()
 
 
+def kernel_view(L: Lowerer, nid: str) -> ir.Value | None:
+    """Region glue ``nid`` (a view, a select of a fused QKV projection's output, a transpose) over a value the
+    kernel has, as a whole tensor-path buffer (copied when the view is strided), for a pattern that reads it (the
+    "tensor view" service :meth:`~fusegraph.codegen.lowering.Lowerer.act` asks for before taking a value as
+    computed outside the kernel); None when ``nid`` is not such glue."""
+    tl = TensorLowering.of(L)
+    d = L.node(nid)
+    if d.get("kind") != "op" or not tl._glue_view(nid, d):
+        return None
+    ref = tl.ref(nid)
+    if ref.value.kind != V.TENSOR or not ref.whole():
+        ref = tl._materialize(_GLUE, nid, ref)
+    L.kernel_nodes.add(nid)
+    return ref.value
+
+
 def lower_tensor_piece(L: Lowerer, m: Any, piece: Any) -> None:
     """The tensor-path lowering of ``piece`` (see the module docstring)."""
     TensorLowering.of(L).lower(m, piece)
@@ -388,4 +404,4 @@ def store_tensor_output(L: Lowerer, nid: str) -> ir.Value:
     return TensorLowering.of(L).store_output(nid)
 
 
-__all__ = ["TensorLowering", "lower_tensor_piece", "tensor_piece_refusal"]
+__all__ = ["TensorLowering", "kernel_view", "lower_tensor_piece", "tensor_piece_refusal"]

@@ -86,7 +86,8 @@ def batched_row_write_dim(op: Any, v: Value) -> int | None:
         return None
     dn = op.attrs["scatter_dimension_numbers"]
     shape = v.type.shape
-    if dn["input_batching_dims"] != (0,) or dn["inserted_window_dims"]:
+    if dn["input_batching_dims"] != (0,) or dn["inserted_window_dims"] or \
+            tuple(dn["update_window_dims"]) != tuple(range(1, len(shape))):  # updates [B, n, ...] like the operand
         return None
     window = [d for d in range(len(shape)) if d != 0]
     sizes = [op.operands[2].type.shape[u] for u in dn["update_window_dims"]]

@@ -117,6 +117,9 @@ class TensorLowering:
         d = L.node(nid)
         if d["kind"] == "input":
             return str(getattr(d.get("input_kind"), "value", d.get("input_kind"))) in ("weight", "buffer", "state")
+        same = _same_value(L.G, d)
+        if same is not None:
+            return self._in_kernel(same)
         return self._glue_view(nid, d)
 
     def _view_ref(self, nid: str, d: dict) -> TRef:
@@ -344,7 +347,16 @@ def _only(m: Any, n: str) -> Any:
 
 def _same_value(G: Any, d: dict) -> str | None:
     """The node a functional ``copy(dst, src)`` equals (same shape and dtype: no broadcast, no cast), as
-    canonicalization folds it (HF's tensor-parallel row linears all-reduce in place: ``copy(out, reduced)``)."""
+    canonicalization folds it (HF's tensor-parallel row linears all-reduce in place: ``copy(out, reduced)``); or
+    the one non-empty operand of a ``cat`` (GPT-J's partial rotary concatenates the rotated part with an empty
+    pass-through slice)."""
+    if d.get("op") == "aten.cat.default" and d.get("args") and isinstance(d["args"][0], (list, tuple)):
+        full = [a for a in d["args"][0] if hasattr(a, "node") and
+                any(int(x) == 0 for x in (G.nodes[a.node].get("shape") or (1,))) is False]
+        if len(full) == 1 and G.nodes[full[0].node].get("shape") == d.get("shape") \
+                and G.nodes[full[0].node].get("dtype") == d.get("dtype"):
+            return full[0].node
+        return None
     if d.get("op") != "aten.copy.default" or d.get("writes_state") or len(d.get("args", ())) != 2:
         return None
     src = d["args"][1]

@@ -11,6 +11,10 @@ per step with every op in it, verified on its first call, and gives eager's toke
 * GPT-OSS: experts through HF's grouped-MoE path with its own hooks (weights stored ``[E, in, out]``, biases, a
   clamped interleaved SwiGLU: no experts pattern), attention with sinks, a top-k -> softmax router: the grouped
   matmul, ``histc`` and the sort / gathers around them run on the tensor path (``codegen/tensor/grouped.py``).
+* Bloom: a fused QKV projection interleaved by head (a ``select`` per q/k/v, then a transpose, read by the KV-cache
+  and attention patterns: region glue the tensor path copies) and ALiBi scores (``baddbmm`` with alpha).
+* GPT-J: partial rotary (the rotated part concatenated with an empty pass-through slice: that ``cat`` is its one
+  non-empty operand).
 * Cohere2-MoE: a step with host arithmetic on Python numbers (``_operator.add`` of a size) outside every region:
   the report files it as host arithmetic, not as an op left to eager (``eager_segments`` stays 0).
 
@@ -33,7 +37,7 @@ from fusegraph.report import report_for_session
 STEPS = 3
 
 
-@pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next", "GptOss", "Cohere2Moe"])
+@pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next", "GptOss", "Cohere2Moe", "Bloom", "GPTJ"])
 def test_family_runs_as_one_kernel_with_every_op(family):
     case = build_case(family)
     ref = case.fork()

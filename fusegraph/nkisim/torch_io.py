@@ -44,9 +44,13 @@ class KernelLike(Protocol):
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A NumPy array sharing ``t``'s memory (``t`` must be a contiguous CPU tensor); int64 becomes an int32 copy."""
+    """A NumPy array sharing ``t``'s memory (``t`` must be a contiguous CPU tensor); int64 becomes an int32 copy;
+    a 0-d tensor (a model's scalar parameter, Gemma 3n's per-layer projection scale) is one element: kernel
+    arguments have a dim (NKI refuses 0-d arrays)."""
     if not t.is_contiguous():
         raise ValueError("kernel arguments must be contiguous")
+    if t.dim() == 0:
+        t = t.reshape(1)
     if t.dtype in _NP_VIEW:
         as_int, np_dtype = _NP_VIEW[t.dtype]
         return t.view(as_int).numpy().view(np_dtype)
@@ -89,7 +93,7 @@ class InterpretedKernel:
         for name in self.kernel.args:
             t = tensors[name] if name in tensors else self.kernel.constants[name]
             if shape_only:
-                args.append(Abstract(tuple(t.shape), _np_dtype(t.dtype)))
+                args.append(Abstract(tuple(t.shape) or (1,), _np_dtype(t.dtype)))
             else:
                 args.append(to_numpy(t))
         kwargs = {"sbuf_budget": self.sbuf_budget} if self.sbuf_budget else {}
@@ -115,8 +119,8 @@ def abstract_args(generated: KernelLike) -> list[Abstract]:
     for name in generated.args:
         if name in generated.specs:
             spec = generated.specs[name]
-            args.append(Abstract(tuple(spec.shape), _np_dtype(spec.dtype)))
+            args.append(Abstract(tuple(spec.shape) or (1,), _np_dtype(spec.dtype)))
         else:
             t = generated.constants[name]
-            args.append(Abstract(tuple(t.shape), _np_dtype(t.dtype)))
+            args.append(Abstract(tuple(t.shape) or (1,), _np_dtype(t.dtype)))
     return args

@@ -136,6 +136,20 @@ class Moves(torch.nn.Module):
         return swapped + rolled + st + padded
 
 
+class ScalarParameter(torch.nn.Module):
+    """A 0-d parameter (Gemma 3n's per-layer projection scale) scaling a bmm of the activation: a kernel argument
+    of one element (NKI refuses 0-d arrays)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(0.37))
+
+    def forward(self, x):
+        B, S, H = x.shape
+        a = x.reshape(B, 16, H // 16)
+        return (torch.bmm(a, a.transpose(1, 2)).sum(-1, keepdim=True) * a * self.scale).reshape(B, S, H)
+
+
 def _run(module_cls, steps=4):
     case = build_decode("llama-tiny")
     for layer in case.model.model.layers:
@@ -148,7 +162,8 @@ def _run(module_cls, steps=4):
     return session, (toks_c, logits_c), (toks_e, logits_e)
 
 
-@pytest.mark.parametrize("module_cls", [SoftmaxOverHeads, SelfMatmul, Selects, Moves], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("module_cls", [SoftmaxOverHeads, SelfMatmul, Selects, Moves, ScalarParameter],
+                         ids=lambda c: c.__name__)
 def test_ops_of_any_shape_run_in_the_one_kernel(module_cls):
     session, (toks_c, logits_c), (toks_e, logits_e) = _run(module_cls)
     stats = session.program.newest_execution()

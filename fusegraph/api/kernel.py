@@ -106,18 +106,19 @@ def build_for_target(step: CapturedStep, target: str, *, profile: bool = True,
 def _build_like_the_executor(step: CapturedStep, region: Any, settings: Settings) -> tuple[Any, list[str]]:
     """The region's kernel exactly as the NKI executor builds it (``executors.kernels.build_region``: a pattern
     whose lowering fails gives its ops to generic lowering, a match nothing lowers is dropped to the eager path):
-    the plan holding the most ops, and the build's warnings as notes. Raises :class:`CodegenError` when no kernel
-    is left."""
+    the plan holding the most ops, and the build's warnings as notes. Raises the build's error (a
+    :class:`CodegenError`) when no kernel is left."""
     label = f"region {region.id} ({region.kind})"
+    errors: list[BaseException] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FusegraphWarning)
         plans = build_region(step.program, 0, region, label, settings, step.analysis.matches,
-                             name="fusegraph_decode_step", model=step.model)
+                             name="fusegraph_decode_step", model=step.model, errors=errors)
     notes = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
     for n in notes:
         log.info("%s", n)
-    if not plans:
-        raise CodegenError(notes[0] if notes else f"{label}: no kernel was built")
+    if not plans:  # the build's own error (a BudgetError names the SBUF it needs), as before
+        raise errors[0] if errors else CodegenError(notes[0] if notes else f"{label}: no kernel was built")
     return max(plans, key=lambda p: len(p.lowered.kernel_nodes)), notes
 
 

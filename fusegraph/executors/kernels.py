@@ -80,10 +80,13 @@ def build_plans(program: Program, graph_index: int, analysis: Any, settings: Set
 
 
 def build_region(program: Program, graph_index: int, region: Any, label: str, settings: Settings,
-                 others: list[Any] = (), *, name: str | None = None, model: str = "") -> list[KernelPlan]:
+                 others: list[Any] = (), *, name: str | None = None, model: str = "",
+                 errors: list[BaseException] | None = None) -> list[KernelPlan]:
     """The region as one kernel; when the build fails on some matches (their lowering or emission raised), the
     region without them: their ops run eagerly, with one warning each, and the rest stays in the kernel (as
-    several kernels where dropping them breaks convexity, :func:`fusegraph.matching.carve.carve`)."""
+    several kernels where dropping them breaks convexity, :func:`fusegraph.matching.carve.carve`). ``errors``
+    receives the build errors behind the warnings (a caller that reports them, ``fusegraph kernel``)."""
+    errors = errors if errors is not None else []
 
     try:  # the whole region sizes the step: a part left without an embedding or a norm still knows it
         tokens = decode_tokens(program, region, others)
@@ -93,6 +96,7 @@ def build_region(program: Program, graph_index: int, region: Any, label: str, se
     except CodegenError as e:
         if settings.pass_through_build_failures:
             raise
+        errors.append(e)
         warn(f"{label}: {e}; it runs on the eager path")
         return []
     dropped: list[Any] = []
@@ -128,6 +132,7 @@ def build_region(program: Program, graph_index: int, region: Any, label: str, se
             failed = [(label, CodegenError(culprits[0][1]))]
             plans = []
         for part_label, e in failed:
+            errors.append(e)
             warn(f"{part_label}: {e}; it runs on the eager path")
         return plans
 

@@ -8,6 +8,7 @@ is a reciprocal and a multiply (the ALU has no divide): within an ulp of eager's
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import torch
@@ -254,6 +255,40 @@ def _floor_divide(ins: TensorOp, ctx: Context, code: Code) -> int:
         code(f"nisa.tensor_tensor(dst={rf}, data1={rf}, data2={f}, op=nl.subtract, name=\"{lab}.dec\")")
         code(f"nisa.tensor_copy(dst={o}, src={rf}, name=\"{lab}\")")
     return elementwise(ins, ctx, code, [a], compute)
+
+
+@register_emitter("aten.log_sigmoid_forward.default")
+def _log_sigmoid_forward(ins: TensorOp, ctx: Context, code: Code) -> int:
+    """``F.logsigmoid`` (a router's gate, Inkling): ``min(x, 0) - log(1 + exp(-|x|))`` and the op's second output,
+    its buffer ``exp(-|x|)`` (PyTorch's CPU kernel keeps it for the backward; nothing reads it in a decode step,
+    but it is computed as eager computes it). ``log(1 + z)`` for eager's ``log1p(z)``: the same but for the
+    rounding of ``1 + z`` (within 1e-6 absolute)."""
+    x = ins.args[0]
+    if not x.dtype.is_floating_point:
+        raise CodegenError(f"{ins.op} of {x.dtype}")
+
+    def neg_abs_exp(code: Code, t: str, tile: Tile, lab: str) -> str:
+        z = tile_alloc(code, tile.shape(), torch.float32, lab, "z")
+        code(f"nisa.activation(dst={z}, op=nl.abs, data={t}, name=\"{lab}.abs\")")
+        code(f"nisa.activation(dst={z}, op=nl.exp, data={z}, scale=-1.0, name=\"{lab}.exp\")")
+        return z
+
+    def out(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        lab = _label(ins)
+        z = neg_abs_exp(code, t[0], tile, lab)
+        code(f"nisa.tensor_scalar(dst={z}, data={z}, op0=nl.add, operand0=1.0, name=\"{lab}.onep\")")
+        code(f"nisa.activation(dst={z}, op=nl.log, data={z}, name=\"{lab}.log\")")
+        m = tile_alloc(code, tile.shape(), torch.float32, lab, "min0")
+        code(f"nisa.tensor_scalar(dst={m}, data={t[0]}, op0=nl.minimum, operand0=0.0, name=\"{lab}.min0\")")
+        code(f"nisa.tensor_tensor(dst={o}, data1={m}, data2={z}, op=nl.subtract, name=\"{lab}\")")
+
+    def buffer(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        z = neg_abs_exp(code, t[0], tile, _label(ins) + "_buf")
+        code(f"nisa.tensor_copy(dst={o}, src={z}, name=\"{_label(ins)}.buffer\")")
+    scratch = elementwise(ins, ctx, code, [x], out)
+    if len(ins.outs) > 1:
+        scratch = max(scratch, elementwise(dataclasses.replace(ins, outs=(ins.outs[1],)), ctx, code, [x], buffer))
+    return scratch
 
 
 @register_emitter("aten.where.self")

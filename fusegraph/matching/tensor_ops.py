@@ -43,6 +43,7 @@ POINTWISE = {
     "aten.square.default", "aten.mish.default", "aten.logical_not.default", "aten.bitwise_not.default",
     "aten._to_copy.default", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
     "aten.pow.Tensor_Scalar", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor",
+    "aten.log_sigmoid_forward.default",
     # binary (Tensor and Scalar forms) and comparisons
     "aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar", "aten.rsub.Scalar",
     "aten.rsub.Tensor", "aten.mul.Tensor", "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar",

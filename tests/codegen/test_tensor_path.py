@@ -423,6 +423,15 @@ GROUPED_CASES = {
 }
 
 
+def test_log_sigmoid_forward_and_its_buffer():
+    """F.logsigmoid (Inkling's router gate): both outputs, the second eager's CPU buffer exp(-|x|)."""
+    x = torch.randn(5, 40, generator=_g(14)) * 8
+    got, ref, _, _ = _one_op(A.log_sigmoid_forward.default, (x,))
+    out, buf = A.log_sigmoid_forward.default(x)
+    assert torch.allclose(got[0], out, atol=2e-6) and torch.allclose(got[1], buf, atol=1e-6)
+    assert torch.equal(ref[0], out)
+
+
 @pytest.mark.parametrize("case", GROUPED_CASES, ids=str)
 def test_grouped_moe_ops_equal_eager(case):
     """HF's grouped-MoE path (issue 27): each row against its own expert's weights (read by indirect DMA),

@@ -35,6 +35,7 @@ from ..errors import CodegenError
 from ..layout import PMAX
 from .instruction import TensorOp, register_emitter, register_reference, tile_alloc, tile_bytes
 from .matmul import tiled
+from .pointwise import emit_floor
 from .tiles import FREE_MAX, Code
 from .view import TRef
 
@@ -177,8 +178,7 @@ def _histc(ins: TensorOp, ctx: Context, code: Code) -> int:
         nonlocal scratch
         t = tile_alloc(code, (bs, n), x.dtype, name, "x")
         code(f"nisa.dma_copy(dst={t}, src={_row_vector(ctx, x, bs)}, name=\"{name}.load\")")
-        f32 = [tile_alloc(code, (bs, n), torch.float32, name, w) for w in ("in", "hi", "bin", "rintf")]
-        inr, top, v, frac = f32
+        inr, top, v = (tile_alloc(code, (bs, n), torch.float32, name, w) for w in ("in", "hi", "bin"))
         code(f"nisa.tensor_scalar(dst={inr}, data={t}, op0=nl.greater_equal, operand0={lo!r}, name=\"{name}.lo\")")
         code(f"nisa.tensor_scalar(dst={top}, data={t}, op0=nl.less_equal, operand0={hi!r}, name=\"{name}.hi\")")
         code(f"nisa.tensor_tensor(dst={inr}, data1={inr}, data2={top}, op=nl.multiply, name=\"{name}.inrange\")")
@@ -186,11 +186,7 @@ def _histc(ins: TensorOp, ctx: Context, code: Code) -> int:
              f"operand1={scale!r}, name=\"{name}.pos\")")
         code(f"nisa.tensor_scalar(dst={v}, data={v}, op0=nl.maximum, operand0=0.0, op1=nl.minimum, "
              f"operand1={float(bins - 1)!r}, name=\"{name}.clamp\")")  # x == max: the last bin
-        ri = tile_alloc(code, (bs, n), torch.int32, name, "rint")  # floor: round to an integer, minus 1 if above
-        code(f"nisa.tensor_copy(dst={ri}, src={v}, name=\"{name}.rint\")")
-        code(f"nisa.tensor_copy(dst={frac}, src={ri}, name=\"{name}.rintf\")")
-        code(f"nisa.tensor_tensor(dst={top}, data1={frac}, data2={v}, op=nl.greater, name=\"{name}.over\")")
-        code(f"nisa.tensor_tensor(dst={v}, data1={frac}, data2={top}, op=nl.subtract, name=\"{name}.floor\")")
+        emit_floor(code, v, v, (bs, n), name)
         idx = tile_alloc(code, (bs, 1), torch.float32, name, "bin_of_p")
         code(f"nisa.iota(dst={idx}, pattern=[[0, 1]], offset={b0}, channel_multiplier=1, name=\"{name}.bins\")")
         code(f"nisa.tensor_scalar(dst={v}, data={v}, op0=nl.equal, operand0={idx}, name=\"{name}.hit\")")

@@ -238,13 +238,9 @@ def _floor_divide(ins: TensorOp, ctx: Context, code: Code) -> int:
     def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
         lab = _label(ins)
         x, f, rf, tmp = (tile_alloc(code, tile.shape(), torch.float32, lab, w) for w in ("x", "q", "qf", "tmp"))
-        r = tile_alloc(code, tile.shape(), torch.int32, lab, "qi")
         code(f"nisa.tensor_copy(dst={x}, src={t[0]}, name=\"{lab}.x\")")
         code(f"nisa.tensor_scalar(dst={f}, data={x}, op0=nl.multiply, operand0={1.0 / b!r}, name=\"{lab}.q\")")
-        code(f"nisa.tensor_copy(dst={r}, src={f}, name=\"{lab}.rint\")")
-        code(f"nisa.tensor_copy(dst={rf}, src={r}, name=\"{lab}.rintf\")")
-        code(f"nisa.tensor_tensor(dst={tmp}, data1={rf}, data2={f}, op=nl.greater, name=\"{lab}.over\")")
-        code(f"nisa.tensor_tensor(dst={rf}, data1={rf}, data2={tmp}, op=nl.subtract, name=\"{lab}.floor\")")
+        emit_floor(code, rf, f, tile.shape(), lab)
         # remainder x - q * b, in [0, |b|) (b > 0) or (-|b|, 0] (b < 0) when q is right; one step either way else
         code(f"nisa.scalar_tensor_tensor(dst={tmp}, data={rf}, op0=nl.multiply, operand0={-b!r}, op1=nl.add, "
              f"operand1={x}, name=\"{lab}.rem\")")
@@ -359,24 +355,29 @@ def _to_copy(ins: TensorOp, ctx: Context, code: Code) -> int:
     return elementwise(ins, ctx, code, [x], compute)
 
 
+def emit_floor(code: Code, dst: str, src: str, shape: tuple[int, ...], lab: str) -> None:
+    """``dst = floor(src)`` for fp32 tiles (``dst`` may be ``src``): the engines' float -> int conversion rounds to
+    nearest even, so round, then subtract 1 where that went above."""
+    ri = tile_alloc(code, shape, torch.int32, lab, "rint")
+    rf, over = (tile_alloc(code, shape, torch.float32, lab, w) for w in ("rintf", "over"))
+    code(f"nisa.tensor_copy(dst={ri}, src={src}, name=\"{lab}.rint\")")
+    code(f"nisa.tensor_copy(dst={rf}, src={ri}, name=\"{lab}.rintf\")")
+    code(f"nisa.tensor_tensor(dst={over}, data1={rf}, data2={src}, op=nl.greater, name=\"{lab}.over\")")
+    code(f"nisa.tensor_tensor(dst={dst}, data1={rf}, data2={over}, op=nl.subtract, name=\"{lab}.floor\")")
+
+
 def _truncate(ins: TensorOp, ctx: Context, code: Code, x: TRef) -> int:
     """float -> integer as PyTorch casts: toward zero (the engines' conversion rounds to nearest even), as
     ``sign(x) * (r - (r > |x|))`` with ``r`` = |x| rounded."""
     def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
         lab = _label(ins)
-        a, r, rf, s = (tile_alloc(code, tile.shape(), dt, lab, w) for dt, w in
-                       ((torch.float32, "abs"), (torch.int32, "rint"), (torch.float32, "rintf"),
-                        (torch.float32, "sign")))
+        a, s = (tile_alloc(code, tile.shape(), torch.float32, lab, w) for w in ("abs", "sign"))
         code(f"nisa.activation(dst={a}, op=nl.abs, data={t[0]}, name=\"{lab}.abs\")")
-        code(f"nisa.tensor_copy(dst={r}, src={a}, name=\"{lab}.rint\")")
-        code(f"nisa.tensor_copy(dst={rf}, src={r}, name=\"{lab}.rintf\")")
-        over = tile_alloc(code, tile.shape(), torch.float32, lab, "over")
-        code(f"nisa.tensor_tensor(dst={over}, data1={rf}, data2={a}, op=nl.greater, name=\"{lab}.over\")")
-        code(f"nisa.tensor_tensor(dst={rf}, data1={rf}, data2={over}, op=nl.subtract, name=\"{lab}.floor\")")
+        emit_floor(code, a, a, tile.shape(), lab)
         code(f"nisa.activation(dst={s}, op=nl.sign, data={t[0]}, name=\"{lab}.sign\")")
-        code(f"nisa.tensor_tensor(dst={o}, data1={rf}, data2={s}, op=nl.multiply, name=\"{lab}\")")
+        code(f"nisa.tensor_tensor(dst={o}, data1={a}, data2={s}, op=nl.multiply, name=\"{lab}\")")
     return elementwise(ins, ctx, code, [x], compute)
 
 
-__all__ = ["ACTIVATIONS", "ALU", "elementwise"]
+__all__ = ["ACTIVATIONS", "ALU", "elementwise", "emit_floor"]
 

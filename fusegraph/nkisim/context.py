@@ -37,6 +37,7 @@ class RunState:
     kernel_file: str | None
     sbuf_budget: int
     max_records: int
+    sbuf_overflow: str = "error"  # memory.resolve_sbuf_overflow: live SBUF beyond the budget raises or is recorded
     grid_ndim: int = 0
     trace: bool = False  # record every instruction (fusegraph.nkisim.trace)
     trace_layer: str | None = None  # "function:variable" read into every trace event
@@ -72,7 +73,7 @@ class ProgramContext:
         self.rank = rank
         self.target = run.target
         self.shape_only = run.shape_only
-        self.mem = MemoryTracker(run.target, run.sbuf_budget)
+        self.mem = MemoryTracker(run.target, run.sbuf_budget, run.sbuf_overflow)
         tracer = Tracer(run.trace_layer) if run.trace else None
         self.rec = Recorder(program_id, rank, run.max_records, tracer)
         self.act_regs = np.zeros(128, dtype=np.float32)  # ScalarE reduce registers

@@ -16,8 +16,13 @@ recorded calls with the induction register bound to the iteration's value.  What
 * the induction variable is a :class:`~.registers.InductionRegister`, a runtime value: a Python ``if`` on it,
   ``range()`` of it, arithmetic on it and writing it (``register_move`` / ``register_load``) are errors.
 
+A dynamic ``while reg:`` loop (language guide, "Dynamic Control Flow") is the same kind of hardware loop: its body is
+traced in its first iteration and replayed while the register is non-zero (:func:`while_test`); the register is
+re-read after every iteration, so the body's own ``register_load`` / ``register_move`` decide when it stops.
+
 A loop whose trip count is zero in the run is not traced (its body's Python never runs; a nested loop with zero
-iterations when its outer body was traced and more later raises ``not-implemented``).
+iterations when its outer body was traced and more later raises ``not-implemented``). The compiler traces such a
+body anyway, so an error in it is a compile error on hardware and none here: the interpreter is looser there.
 """
 
 from __future__ import annotations
@@ -67,6 +72,20 @@ class LoopRecord:
     reg: InductionRegister
     where: str
     body: list | None = None  # None: not traced (zero iterations when it was reached)
+
+
+@dataclass(eq=False)
+class WhileRecord:
+    """A dynamic ``while reg:`` loop: its condition register, the Python frame and line of its test, traced body."""
+
+    reg: VirtualRegister
+    key: tuple
+    where: str
+    body: list | None = None
+
+
+#: iterations after which a replayed ``while reg:`` is taken for a runaway loop (the register never reaches 0)
+WHILE_MAX_ITERATIONS = 1 << 20
 
 
 def traced(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -219,13 +238,68 @@ class DynamicLoop:
             replay(self.ctx, rec.body)
 
 
+def _truth(reg: VirtualRegister, where: str) -> bool:
+    if reg.value is None:
+        raise NkiValidationError(f"register {reg.name} is read before it was written", rule="register", location=where)
+    return bool(reg.value)
+
+
+def while_test(ctx: ProgramContext, reg: VirtualRegister, frame: Any) -> bool:
+    """Python's test of ``while reg:`` (``reg.__bool__``), at ``frame``'s line. The first test opens the loop: false,
+    the body never runs (not traced); true, the body's first iteration runs as it is traced. The next test from the
+    same frame and line closes the trace and replays the body while the register is non-zero, then answers False so
+    Python leaves its ``while`` (the hardware ran the other iterations)."""
+    L = ctx.loops
+    key = (id(frame), frame.f_code, frame.f_lineno)
+    top = L.open[-1] if L.open else None
+    if isinstance(top, WhileRecord) and top.key == key:
+        L.frames.pop()
+        L.open.pop()
+        _run_while(ctx, top)
+        return False
+    where = ctx.where()
+    if not _truth(reg, where):
+        return False
+    rec = WhileRecord(reg, key, where, [])
+    if L.frames:  # nested in a body being traced: the outer replays re-run this loop as a whole
+        L.frames[-1].append(rec)
+    L.frames.append(rec.body)
+    L.open.append(rec)
+    return True
+
+
+def _run_while(ctx: ProgramContext, rec: WhileRecord) -> None:
+    """The hardware iterations after a ``while reg:`` body's traced one: replay while the register is non-zero."""
+    n = 0
+    while _truth(rec.reg, rec.where):
+        n += 1
+        if n > WHILE_MAX_ITERATIONS:
+            raise NkiValidationError(
+                f"while {rec.reg.name}: still non-zero after {WHILE_MAX_ITERATIONS} replayed iterations (the body "
+                f"never writes the register to 0?)", rule="loop", location=rec.where)
+        replay(ctx, rec.body)
+
+
 def replay(ctx: ProgramContext, body: list) -> None:
     """Re-issue a traced body's calls (and nested loops) in order."""
     for e in body:
         if isinstance(e, LoopRecord):
             _replay_loop(ctx, e)
+        elif isinstance(e, WhileRecord):
+            _replay_while(ctx, e)
         else:
             _replay_call(ctx, e)
+
+
+def _replay_while(ctx: ProgramContext, rec: WhileRecord) -> None:
+    if not _truth(rec.reg, rec.where):
+        return
+    if rec.body is None:
+        raise NkiNotImplementedError(
+            "a nested while loop had no iteration when its outer loop's body was traced and has some now",
+            rule="not-implemented", location=rec.where)
+    replay(ctx, rec.body)
+    _run_while(ctx, rec)
 
 
 def _replay_loop(ctx: ProgramContext, rec: LoopRecord) -> None:
@@ -257,6 +331,12 @@ def check_closed(ctx: ProgramContext) -> None:
         rec = L.open[-1]
         L.open.clear()
         L.frames.clear()
+        if isinstance(rec, WhileRecord):
+            raise NkiValidationError(
+                f"register {rec.reg.name} was tested as a Python condition and its loop never came back to the test: "
+                f"only `while reg:` is NKI (a hardware loop, language guide 'Dynamic Control Flow'); `if reg:` is "
+                f"not, and a while body left by break/return never finished its hardware loop", rule="loop",
+                location=rec.where)
         raise NkiValidationError(
             "the body of a nl.dynamic_range was left by break/return: a hardware loop has one body that runs every "
             f"iteration ({DOC})", rule="loop", location=rec.where)

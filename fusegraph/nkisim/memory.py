@@ -11,6 +11,14 @@ Model (documented in docs/interpreter.md):
   (not to the end of its Python lifetime: ``t = nl.ndarray(...)`` in a loop would otherwise keep two
   generations alive).  Allocation and use events are recorded during the run and replayed when the program
   ends; the replay raises the capacity errors, naming the allocation site of the tensor that overflowed.
+* What live SBUF beyond the budget means is the run's ``sbuf_overflow`` mode (:func:`resolve_sbuf_overflow`):
+  ``"error"`` (the default, fusegraph's policy for the kernels it generates: a megakernel's state is SBUF-resident,
+  so a kernel that needs more is a codegen error) raises; ``"compiler"`` models neuronx-cc's default allocation,
+  which fits compiler-placed tensors whose live bytes exceed the partition (the Neuron runtime's device-memory page:
+  the "scratchpad" holds "intermediary SBUF" data; nki-library's RoPE tests run [64, 8192, 4] bf16 tiles seven at
+  a time, 448 KiB live on a 192 KiB partition). It accepts the run and records the largest over-budget demand
+  (``Profile.sbuf_over_budget_bytes``); the cost of the spill is not modeled. Tensors the kernel placed itself
+  (``address=``) and a single tensor larger than the budget are errors in both modes.
 * PSUM: 8 banks of 2 KiB per partition.  A PSUM tensor may not cross a bank (trn2); auto-placed tensors are
   packed first-fit into banks in allocation order, so running out of room means more than 16 KiB per
   partition live or a fragmentation the real allocator might avoid (conservative).  On trn3 a tensor larger
@@ -19,15 +27,33 @@ Model (documented in docs/interpreter.md):
 
 from __future__ import annotations
 
+import os
 import threading
 
 from .errors import NkiCapacityError, NkiValidationError
 from .targets import Target
 
 
+#: environment variable giving the default ``sbuf_overflow`` mode of a run
+ENV_SBUF_OVERFLOW = "FUSEGRAPH_NKISIM_SBUF_OVERFLOW"
+SBUF_OVERFLOW_MODES = ("error", "compiler")
+
+
+def resolve_sbuf_overflow(mode: str | None = None) -> str:
+    """The run's ``sbuf_overflow`` mode: explicit, else ``FUSEGRAPH_NKISIM_SBUF_OVERFLOW``, else ``"error"``.
+    A bad value raises (a silent default would check kernels under a rule the user did not ask for)."""
+    raw = mode if mode is not None else (os.environ.get(ENV_SBUF_OVERFLOW, "").strip() or "error")
+    key = str(raw).strip().lower()
+    if key not in SBUF_OVERFLOW_MODES:
+        raise ValueError(f"sbuf_overflow must be one of {', '.join(SBUF_OVERFLOW_MODES)}, got {raw!r}")
+    return key
+
+
 class SbufAccountant:
-    def __init__(self, budget: int, physical: int, target_name: str):
+    def __init__(self, budget: int, physical: int, target_name: str, overflow: str = "error"):
         self.budget = budget
+        self.overflow = overflow
+        self.over_budget_peak = 0  # largest live demand beyond the budget the "compiler" mode accepted
         self.physical = physical
         self.target_name = target_name
         self.auto = 0
@@ -49,14 +75,18 @@ class SbufAccountant:
             if address is None:
                 new_total = self.auto + nbytes + self.manual_end
                 if new_total > self.budget:
-                    raise NkiCapacityError(
-                        f"allocating {what} needs {nbytes} B/partition; live SBUF would be {new_total} B/partition, "
-                        f"over the usable budget of {self.budget} B/partition on {self.target_name} "
-                        f"(physical {self.physical} B; set FUSEGRAPH_SBUF_BUDGET or sbuf_budget= to change)"
-                        f"{self._largest_live()}",
-                        rule="sbuf-capacity",
-                        location=where,
-                    )
+                    if self.overflow == "compiler":
+                        self.over_budget_peak = max(self.over_budget_peak, new_total)
+                    else:
+                        raise NkiCapacityError(
+                            f"allocating {what} needs {nbytes} B/partition; live SBUF would be {new_total} "
+                            f"B/partition, over the usable budget of {self.budget} B/partition on {self.target_name} "
+                            f"(physical {self.physical} B; set FUSEGRAPH_SBUF_BUDGET or sbuf_budget= to change; "
+                            f"sbuf_overflow='compiler' accepts it as neuronx-cc's allocator would, spilling)"
+                            f"{self._largest_live()}",
+                            rule="sbuf-capacity",
+                            location=where,
+                        )
                 self.auto += nbytes
                 self.live[alloc_id] = (nbytes, what, where)
             else:
@@ -71,7 +101,9 @@ class SbufAccountant:
                 self.manual[alloc_id] = end
                 if end > self.manual_end:
                     self.manual_end = end
-                if self._live() > self.budget:
+                if self._live() > self.budget and self.overflow == "compiler":
+                    self.over_budget_peak = max(self.over_budget_peak, self._live())
+                elif self._live() > self.budget:
                     raise NkiCapacityError(
                         f"allocating {what}: live SBUF {self._live()} B/partition exceeds the usable budget of "
                         f"{self.budget} B/partition on {self.target_name}",
@@ -216,11 +248,13 @@ class AllocRecord:
 class MemoryTracker:
     """Records on-chip allocations of one program and replays them with compiler-style liveness."""
 
-    def __init__(self, target: Target, budget: int):
+    def __init__(self, target: Target, budget: int, overflow: str = "error"):
         self.target = target
         self.budget = budget
+        self.overflow = overflow
         self.records: list[AllocRecord] = []
         self.sbuf_peak = 0
+        self.sbuf_over_budget = 0
         self.psum_peak_bytes = 0
         self.psum_peak_banks = 0
 
@@ -265,7 +299,7 @@ class MemoryTracker:
             events.append((r.alloc_idx, 1, n, r))
             events.append((r.last_use + 1, 0, n, r))
         events.sort(key=lambda e: (e[0], e[1], e[2]))
-        sbuf = SbufAccountant(self.budget, self.target.sbuf_bytes_per_partition, self.target.name)
+        sbuf = SbufAccountant(self.budget, self.target.sbuf_bytes_per_partition, self.target.name, self.overflow)
         psum = PsumAllocator(self.target)
         for _, kind, _, r in events:
             if r.kind == "sbuf":
@@ -279,5 +313,6 @@ class MemoryTracker:
                 else:
                     psum.free(r.id, r.nbytes)
         self.sbuf_peak = sbuf.peak
+        self.sbuf_over_budget = sbuf.over_budget_peak
         self.psum_peak_bytes = psum.peak_bytes
         self.psum_peak_banks = psum.peak_banks

@@ -112,6 +112,7 @@ class Profile:
     hbm_write_bytes: int = 0
     hbm_by_tensor: dict[str, TensorTraffic] = field(default_factory=dict)
     peak_sbuf_bytes_per_partition: int = 0
+    sbuf_over_budget_bytes: int = 0  # sbuf_overflow="compiler": the largest live demand beyond the budget (0: fits)
     peak_psum_bytes_per_partition: int = 0
     peak_psum_banks: int = 0
     peak_by_program: list[dict[str, int]] = field(default_factory=list)
@@ -165,6 +166,7 @@ class Profile:
             "hbm_write_bytes": self.hbm_write_bytes,
             "hbm_by_tensor": {k: asdict(v) for k, v in sorted(self.hbm_by_tensor.items())},
             "peak_sbuf_bytes_per_partition": self.peak_sbuf_bytes_per_partition,
+            "sbuf_over_budget_bytes": self.sbuf_over_budget_bytes,
             "peak_psum_bytes_per_partition": self.peak_psum_bytes_per_partition,
             "sites": sorted((s.file, s.line, s.opcode, s.count, s.elements) for s in self.sites),
             "collectives": [(c["rank"], c["program"], c["line"], c["op"], c["group_size"], c["count"], c["bytes"])
@@ -186,6 +188,9 @@ class Profile:
             f"  peak SBUF {self.peak_sbuf_bytes_per_partition} B/partition (budget {self.sbuf_budget_bytes}), "
             f"peak PSUM {self.peak_psum_bytes_per_partition} B/partition ({self.peak_psum_banks} banks)"
         )
+        if self.sbuf_over_budget_bytes:
+            lines.append(f"  SBUF over budget: {self.sbuf_over_budget_bytes} B/partition live at most, accepted "
+                         f"(sbuf_overflow='compiler': neuronx-cc's allocator spills; the spill is not modeled)")
         for c in self.collectives:
             lines.append(f"  collective rank {c['rank']} program {c['program']}: {c['count']} x {c['op']} "
                          f"({c['buffer']}, group of {c['group_size']}), {c['bytes']} B in, {c['out_bytes']} B out "

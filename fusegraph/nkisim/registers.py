@@ -7,7 +7,8 @@ A register is a *runtime* value: the kernel's Python (NKI's meta-programming lan
 specialised) never sees it.  So ``range(reg)``, ``int(reg)``, indexing with it, arithmetic on it and comparing it
 with a number are errors (rule ``loop``) -- the interpreter knows the value, the compiler does not.  The one
 documented Python use is a dynamic ``while reg:`` loop (``nki/get-started/nki-language-guide.rst``, "Dynamic
-Control Flow"), which the interpreter runs eagerly.  The induction variable of ``nl.dynamic_range`` is an
+Control Flow"), a hardware loop the interpreter traces once and replays while the register is non-zero
+(:func:`fusegraph.nkisim.loops.while_test`).  The induction variable of ``nl.dynamic_range`` is an
 :class:`InductionRegister`: also no ``if`` on it (``nki/deep-dives/nki-dynamic-loops.rst``, "Hardware Lowering":
 "You cannot use it in host-side Python expressions (e.g., ``if i == 0:``)") and it is frozen (the language guide:
 "you cannot write to it with ``register_move`` or ``register_load``").
@@ -16,6 +17,7 @@ Control Flow"), which the interpreter runs eagerly.  The induction variable of `
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any, NoReturn
 
 _ids = itertools.count(1)
@@ -60,12 +62,20 @@ class VirtualRegister:
                                                  f".ap(scalar_offset=reg) for an address")
 
     def __bool__(self) -> bool:
-        """``while reg:`` is a documented dynamic while loop (run eagerly here)."""
-        if self.value is None:
-            from .errors import NkiValidationError
+        """``while reg:`` is a documented dynamic while loop: a hardware loop whose body is traced once
+        (:func:`fusegraph.nkisim.loops.while_test`). Outside a running kernel: the register's value."""
+        from .context import maybe_current
 
-            raise NkiValidationError(f"register {self.name} is read before it was written", rule="register")
-        return bool(self.value)
+        ctx = maybe_current()
+        if ctx is None:
+            if self.value is None:
+                from .errors import NkiValidationError
+
+                raise NkiValidationError(f"register {self.name} is read before it was written", rule="register")
+            return bool(self.value)
+        from .loops import while_test
+
+        return while_test(ctx, self, sys._getframe(1))
 
     def _compare(self, other: Any) -> Any:
         if isinstance(other, (int, float)):

@@ -26,6 +26,7 @@ from .loops import check_closed
 from .storage import Abstract, Storage, wrap_array
 from .sync import SyncHub
 from . import transport as transport_mod
+from .memory import resolve_sbuf_overflow
 from .targets import get_target, resolve_sbuf_budget
 from .tensor import NkiTensor
 
@@ -188,6 +189,7 @@ def run(
     trace: bool = False,
     trace_layer: str | None = None,
     process_group: Any = None,
+    sbuf_overflow: str | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run an NKI kernel (``@nki.jit`` object or plain function) in the interpreter.
@@ -201,7 +203,10 @@ def run(
     whose processes each run their own rank (``rank_id()`` is the process's rank in it; collectives go over it);
     default: the job's default group when ``torch.distributed`` is initialized with several processes and
     ``ranks=1`` (``FUSEGRAPH_NKISIM_DIST=off`` disables that), else in-process ranks.
-    ``sbuf_budget``: usable SBUF bytes per partition.  ``backend="official"``: run through the real
+    ``sbuf_budget``: usable SBUF bytes per partition.  ``sbuf_overflow``: what live SBUF beyond it means --
+    ``"error"`` (default; ``FUSEGRAPH_NKISIM_SBUF_OVERFLOW``) or ``"compiler"`` (accepted and recorded as
+    ``Profile.sbuf_over_budget_bytes``, the way neuronx-cc's allocator fits compiler-placed tensors; see
+    :mod:`fusegraph.nkisim.memory`).  ``backend="official"``: run through the real
     ``nki.simulate`` (only where the Neuron SDK is installed).  ``trace``: also record every instruction in program
     order with the tensors it read and wrote (``last_profile().trace``); ``trace_layer="function:variable"`` tags
     each event with that local of the kernel's call stack (a layer loop index).  Remaining keyword args go to the
@@ -222,7 +227,7 @@ def run(
     return launch(
         kernel, args, kwargs, lnc=lnc, grid_ndim=grid_ndim, target=target, shape_only=shape_only, assume=assume,
         ranks=ranks, rank_args=rank_args, sbuf_budget=sbuf_budget, backend=backend, max_records=max_records,
-        trace=trace, trace_layer=trace_layer, process_group=process_group,
+        trace=trace, trace_layer=trace_layer, process_group=process_group, sbuf_overflow=sbuf_overflow,
     )
 
 
@@ -244,6 +249,7 @@ def launch(
     trace: bool = False,
     trace_layer: str | None = None,
     process_group: Any = None,
+    sbuf_overflow: str | None = None,
 ) -> Any:
     """One launch of ``kernel`` (see :func:`run` for the arguments): validate, bind, run, collect, profile.
 
@@ -260,6 +266,7 @@ def launch(
         raise NkiUsageError(f"ranks must be a positive int, got {ranks!r}", rule="args")
     tgt = get_target(target or getattr(kernel, "default_target", None) or session_target())
     budget = resolve_sbuf_budget(tgt, sbuf_budget)
+    overflow = resolve_sbuf_overflow(sbuf_overflow)
     code = getattr(func, "__code__", None)
     kernel_file = code.co_filename if code else None
     kernel_loc = f"{kernel_file}:{code.co_firstlineno}" if code else "<kernel>"
@@ -267,7 +274,7 @@ def launch(
     run_state = RunState(
         target=tgt, lnc=lnc, ranks=placement.job_ranks, shape_only=shape_only, assume=assume,
         kernel_name=getattr(func, "__qualname__", str(func)), kernel_file=kernel_file, sbuf_budget=budget,
-        max_records=max_records, grid_ndim=grid_ndim, trace=trace, trace_layer=trace_layer,
+        sbuf_overflow=overflow, max_records=max_records, grid_ndim=grid_ndim, trace=trace, trace_layer=trace_layer,
     )
     _connect(run_state, placement)
     arg_buffer = MemoryRegion.shared_hbm if lnc > 1 else MemoryRegion.private_hbm
@@ -476,6 +483,7 @@ class _Launch:
                     }
                 )
                 profile.peak_sbuf_bytes_per_partition = max(profile.peak_sbuf_bytes_per_partition, m.sbuf_peak)
+                profile.sbuf_over_budget_bytes = max(profile.sbuf_over_budget_bytes, m.sbuf_over_budget)
                 profile.peak_psum_bytes_per_partition = max(profile.peak_psum_bytes_per_partition, m.psum_peak_bytes)
                 profile.peak_psum_banks = max(profile.peak_psum_banks, m.psum_peak_banks)
         return capacity_errors

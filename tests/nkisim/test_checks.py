@@ -374,6 +374,49 @@ def test_sbuf_capacity_and_budget():
     """, X, target="trn3")
 
 
+def test_sbuf_overflow_compiler_mode_accepts_and_records_compiler_placed_tensors(monkeypatch):
+    """neuronx-cc fits compiler-placed tensors whose live bytes exceed the partition (the runtime's device-memory page:
+    the scratchpad holds intermediary SBUF data; nki-library's RoPE test rows need it). ``sbuf_overflow="compiler"``
+    accepts them and records the over-budget demand; kernel-placed tensors beyond the budget stay errors."""
+    k, _ = build("""
+    @nki.jit
+    def k(x):
+        a = nl.ndarray((128, 28000), dtype=nl.float32, buffer=nl.sbuf)
+        b = nl.ndarray((128, 28000), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=a, value=0.0)
+        nisa.memset(dst=b, value=1.0)
+        nisa.tensor_tensor(dst=a, data1=a, data2=b, op=nl.add)
+        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=a[:, 0:8])
+        return out
+    """)
+    out = nkisim.run(k, X, sbuf_overflow="compiler")
+    assert float(out[5, 3]) == 1.0
+    prof = nkisim.last_profile()
+    assert prof.sbuf_over_budget_bytes == 224000 > prof.sbuf_budget_bytes
+    assert "SBUF over budget" in prof.summary()
+    nkisim.run(k, X, sbuf_overflow="compiler", sbuf_budget=224 * 1024)
+    assert nkisim.last_profile().sbuf_over_budget_bytes == 0
+    monkeypatch.setenv("FUSEGRAPH_NKISIM_SBUF_OVERFLOW", "compiler")
+    nkisim.run(k, X)
+    assert nkisim.last_profile().sbuf_over_budget_bytes == 224000
+    monkeypatch.setenv("FUSEGRAPH_NKISIM_SBUF_OVERFLOW", "spill-somewhere")
+    with pytest.raises(ValueError, match="sbuf_overflow must be one of"):
+        nkisim.run(k, X)
+    monkeypatch.delenv("FUSEGRAPH_NKISIM_SBUF_OVERFLOW")
+    with pytest.raises(nkisim.NkiCapacityError, match="sbuf_overflow='compiler'"):
+        nkisim.run(k, X)
+    placed, _ = build("""
+    @nki.jit
+    def k(x):
+        a = nl.ndarray((128, 28000), dtype=nl.float32, buffer=nl.sbuf, address=(0, 150000))
+        nisa.memset(dst=a, value=0.0)
+        return x
+    """)
+    with pytest.raises(nkisim.NkiCapacityError, match="sbuf-capacity"):
+        nkisim.run(placed, X, sbuf_overflow="compiler")
+
+
 def test_sbuf_budget_env(monkeypatch):
     monkeypatch.setenv("FUSEGRAPH_SBUF_BUDGET", "4096")
     expect("sbuf-capacity", """

@@ -490,3 +490,88 @@ def test_nkilib_dynamic_elementwise_add_at_its_test_shapes(m_dim, h_dim):
     if m_dim > 128:  # fewer trips than tiles: the rows after them are never written
         part = np.asarray(nkisim.run(mod.dynamic_elementwise_add, a, b, count(1), target="trn2")).astype(np.float32)
         np.testing.assert_allclose(part[:128], want[:128], rtol=1e-2, atol=1e-3)
+
+
+_WHILE = """
+@nki.jit
+def k(n, hook):
+    o = nl.ndarray(shape=(1, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+""" + _REG + """
+    acc = nl.zeros((1, 4), dtype=nl.float32)
+    while r:
+        hook(r)
+        nisa.tensor_scalar(dst=acc, data=acc, op0=nl.add, operand0=2.0)
+        nisa.tensor_scalar(dst=c, data=c, op0=nl.subtract, operand0=1)
+        nisa.register_load(r, c)
+    nisa.dma_copy(dst=o, src=acc)
+    return o
+"""
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_while_register_loop_is_traced_once_and_replayed(n):
+    """Language guide, 'Dynamic Control Flow': `while reg:` is a hardware loop, like dynamic_range (one body the
+    hardware re-runs while the register is non-zero; the body's register_load decides when it stops). The Python
+    body runs once; every iteration's instructions are counted at their body line."""
+    traces: list = []
+    k, path = build(_WHILE)
+    out = nkisim.run(k, count(n), traces.append)
+    np.testing.assert_array_equal(out, np.full((1, 4), 2.0 * n, np.float32))
+    assert len(traces) == 1
+    sites = [s for s in nkisim.last_profile().sites if s.opcode == "tensor_scalar"]
+    assert sorted(s.count for s in sites) == [n, n] and all(s.file == path for s in sites)
+
+
+def test_while_register_zero_runs_nothing():
+    traces: list = []
+    out = run(_WHILE, count(0), traces.append)
+    assert float(out[0, 0]) == 0.0 and traces == []
+
+
+def test_while_register_that_never_reaches_zero_is_a_runaway_loop(monkeypatch):
+    """A body that never writes its condition register would spin forever on hardware: the interpreter stops after
+    WHILE_MAX_ITERATIONS replays with a [loop] error (instead of hanging a test or a forward pass)."""
+    from fusegraph.nkisim import loops
+
+    monkeypatch.setattr(loops, "WHILE_MAX_ITERATIONS", 10)
+    with pytest.raises(NkiValidationError, match=r"\[loop\].*after 10 replayed iterations"):
+        run(_WHILE.replace("        nisa.register_load(r, c)\n", ""), count(2), lambda r: None)
+
+
+def test_if_on_a_register_rejected():
+    """Only `while reg:` is NKI; `if reg:` asks the kernel's Python for a runtime value (the test never comes back)."""
+    with pytest.raises(NkiValidationError, match=r"\[loop\].*only `while reg:` is NKI"):
+        run("""
+@nki.jit
+def k(n):
+""" + _REG + """
+    acc = nl.zeros((1, 1), dtype=nl.float32)
+    if r:
+        nisa.tensor_scalar(dst=acc, data=acc, op0=nl.add, operand0=1.0)
+    return None
+""", count(2))
+
+
+def test_while_in_a_dynamic_loop_is_replayed_as_a_whole():
+    """A `while reg:` in a dynamic_range body: each outer iteration re-runs the inner hardware loop from the register
+    its body loads (1 + 2 + 3 inner iterations for counts 1, 2, 3)."""
+    out = run("""
+@nki.jit
+def k(n):
+    o = nl.ndarray(shape=(1, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+""" + _REG + """
+    acc = nl.zeros((1, 1), dtype=nl.float32)
+    w = nisa.register_alloc()
+    left = nl.ndarray(shape=(1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    for i in nl.dynamic_range(3):
+        nisa.tensor_copy(dst=left, src=c)
+        nisa.register_load(w, left)
+        while w:
+            nisa.tensor_scalar(dst=acc, data=acc, op0=nl.add, operand0=1.0)
+            nisa.tensor_scalar(dst=left, data=left, op0=nl.subtract, operand0=1)
+            nisa.register_load(w, left)
+        nisa.tensor_scalar(dst=c, data=c, op0=nl.add, operand0=1)
+    nisa.dma_copy(dst=o, src=acc)
+    return o
+""", count(1))
+    assert float(out[0, 0]) == 6.0

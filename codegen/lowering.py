@@ -209,8 +209,22 @@ class Lowerer:
         v = ir.Value(self.unique(label), kind, shape, dtype, node=nid)
         self.values[nid] = v
         self.order.append(v)
-        self.args[v.name] = ArgSource(nid, shape, dtype, kind)
+        self.args[v.name] = ArgSource(self._in_own_graph(nid), shape, dtype, kind)
         return v
+
+    def _in_own_graph(self, nid: str) -> str:
+        """Where the kernel's graph receives ``nid``: the node itself, or, for a value an earlier graph of the step
+        produced (a region cut at a graph break, :func:`fusegraph.matching.carve.in_graph`), the input of this
+        graph that the break's link feeds from it (matches see through links; the running graph has only its
+        own inputs)."""
+        graphs = getattr(self.region, "graphs", None) or []
+        if len(graphs) != 1 or self.G.nodes[nid].get("graph", graphs[0]) == graphs[0]:
+            return nid
+        for s in self.G.successors(nid):
+            d = self.G.nodes[s]
+            if d.get("graph") == graphs[0] and d.get("kind") == "input":
+                return s
+        return nid
 
     def hbm(self, nid: str) -> ir.Value:
         """A graph input used as a kernel argument in its model shape (weights, state)."""

@@ -26,7 +26,7 @@ from ..codegen.lowering import lower_region
 from ..codegen.megakernel import generate
 from ..codegen.registry import NotADecodeStep, is_host_side, sized_tokens, step_tokens
 from ..codegen.tensor import tensor_piece_refusal
-from ..matching.carve import carve
+from ..matching.carve import carve, in_graph
 from ..matching.generic import as_generic
 from .kernel_cache import cache_key, cache_root, default_cache_dir, entry_path, generate_cached  # noqa: F401
 
@@ -73,9 +73,30 @@ def build_plans(program: Program, graph_index: int, analysis: Any, settings: Set
             continue  # rotary tables, masks, positions: computed on the fallback path by design
         label = f"region {region.id} ({region.kind}" + (f", layers {region.layers[0]}-{region.layers[-1]}" if region.layers else "") + ")"
         if len(region.graphs) > 1:
-            warn(f"{label} spans a graph break; fusegraph runs each graph separately, so it stays on the eager path")
+            plans += _build_cut(program, graph_index, region, label, settings, analysis.matches)
             continue
         plans += build_region(program, graph_index, region, label, settings, analysis.matches)
+    return plans
+
+
+def _build_cut(program: Program, graph_index: int, region: Any, label: str, settings: Settings,
+               others: list[Any]) -> list[KernelPlan]:
+    """A region across a graph break: its part(s) in graph ``graph_index`` (:func:`fusegraph.matching.carve.in_graph`),
+    each its own kernel; the tensors crossing the break go through HBM. Logged, not warned: nothing runs eagerly
+    that the region had (but a match with ops on both sides, named in the log)."""
+    parts = in_graph(program, region, graph_index)
+    kept = {id(m) for p in parts for m in p.matches}
+    cut = [m for m in region.matches if id(m) not in kept and any(
+        program.graph.nodes[n].get("graph") == graph_index for n in m.nodes)]
+    log.info("%s spans a graph break: its part in graph %d runs as %d kernel(s)%s", label, graph_index, len(parts),
+             f"; {', '.join(m.pattern.name for m in cut)} straddle(s) the break and run(s) eagerly" if cut else "")
+    plans: list[KernelPlan] = []
+    for k, part in enumerate(parts):
+        if all(is_host_side(m.pattern.template) for m in part.matches):
+            continue
+        part_label = f"{label[:-1]}, graph {graph_index}" + (f" part {k + 1}" if len(parts) > 1 else "") + ")"
+        plans += build_region(program, graph_index, part, part_label, settings, others,
+                              name=f"fusegraph_g{graph_index}_r{region.id}" + (f"_c{k}" if len(parts) > 1 else ""))
     return plans
 
 

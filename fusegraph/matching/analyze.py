@@ -86,8 +86,14 @@ class Analysis:
         return nx.number_connected_components(sub)
 
     @property
+    def region_launches(self) -> int:
+        """Kernels the regions take per step: one per graph each spans (fusegraph runs each graph of a step by
+        itself, so a region across a graph break is cut there, :func:`fusegraph.matching.carve.in_graph`)."""
+        return sum(max(1, len(r.graphs)) for r in self.regions)
+
+    @property
     def boundaries_per_step(self) -> int:
-        return len(self.regions) + self.fallback_segments()
+        return self.region_launches + self.fallback_segments()
 
     def explain(self, target: str) -> list[str]:
         """Why ``target`` (a pattern name or a program node id) did or did not match."""

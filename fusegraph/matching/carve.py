@@ -46,6 +46,44 @@ def carve(program: Any, region: Region, without: Iterable[Match]) -> list[Region
     return parts
 
 
+def in_graph(program: Any, region: Region, graph: int) -> list[Region]:
+    """The parts of ``region`` that run in captured graph ``graph`` when the region spans a dynamo graph break.
+
+    Why: fusegraph runs each graph of a step by itself, so a region across a break cannot be one kernel; cut at the
+    break, each graph's part is a kernel of its own and the tensors crossing the break go through HBM, as they must
+    (issue 31, "split, don't drop"). The part is convex in its graph: a path that leaves it and returns stays in
+    the graph (graphs run in order; data only flows forward between them), so it would have left the region. A
+    match with ops on both sides of the break is left out (its ops in this graph run eagerly), and what remains is
+    carved into convex parts around it (:func:`carve`). Each part's ``graphs`` is ``[graph]``."""
+    G = program.graph
+    mine = frozenset(n for n in region.nodes if G.nodes[n].get("graph") == graph)
+    if not mine:
+        return []
+    mine |= _between(program, graph, mine)
+    kept = [m for m in region.matches if m.nodes & mine and m.nodes <= mine]
+    straddling = [m for m in region.matches if m.nodes & mine and not m.nodes <= mine]
+    part = dataclasses.replace(_part(program, region, kept + straddling, mine), graphs=[graph])
+    parts = carve(program, part, straddling) if straddling else [part]
+    return [dataclasses.replace(p, graphs=[graph]) for p in parts]
+
+
+def _between(program: Any, graph: int, nodes: frozenset[str]) -> frozenset[str]:
+    """Ops of ``graph`` outside ``nodes`` on a path from ``nodes`` back into them. Why there are any: a no-op a
+    match folds (the dropout ``clone`` between an attention's softmax and its value matmul) stays outside the
+    region when its value also crosses the break (it is an output of the graph); within one graph the part needs it
+    as glue to stay convex (the tensor path lowers it; the kernel outputs its value)."""
+    import networkx as nx
+
+    G = program.graph
+    ops = [n for n in program.topo_order(graph) if G.nodes[n]["kind"] == "op"]
+    H = G.subgraph(ops)
+    down = set().union(*(nx.descendants(H, n) for n in nodes if n in H)) - nodes
+    if not down:
+        return frozenset()
+    up = set().union(*(nx.ancestors(H, n) for n in nodes if n in H)) - nodes
+    return frozenset(down & up)
+
+
 def _part(program: Any, region: Region, matches: list[Match], nodes: set[str]) -> Region:
     G = program.graph
     ordered = sorted(nodes, key=lambda n: G.nodes[n]["order"])
@@ -72,4 +110,4 @@ def _part(program: Any, region: Region, matches: list[Match], nodes: set[str]) -
         glue={}, op_count=sum(1 for n in nodes if G.nodes[n]["kind"] == "op"))
 
 
-__all__ = ["carve"]
+__all__ = ["carve", "in_graph"]

@@ -84,10 +84,11 @@ def _breaks(a: Analysis) -> list[dict[str, Any]]:
             "crossing_bytes": nbytes,
             "glue_free": glue_free,
             "spanned_by_regions": spanned,
-            # a break no region spans splits the step: one more launch, and every crossing tensor makes an
-            # HBM round trip (written by one side, read back by the other)
-            "extra_boundaries": 0 if spanned else 1,
-            "hbm_round_trip_bytes": 0 if spanned else nbytes,
+            # fusegraph runs each graph of a step by itself: a region across the break is cut there (each graph's
+            # part its own kernel, executors.kernels), so every break is one more launch and every crossing tensor
+            # an HBM round trip (written by one side, read back by the other)
+            "extra_boundaries": 1,
+            "hbm_round_trip_bytes": nbytes,
         })
     return out
 
@@ -190,7 +191,7 @@ def _executed(a: Analysis, ops: list[str], layer_ops: list[str], launches: int, 
     if ran is None:
         return {"coverage": round(refused.coverage(ops, layer_ops, a.region_of.__contains__, a.coverage), 6),
                 "coverage_basis": "matched",
-                "boundaries_per_step": len(a.regions) + a.fallback_segments() + len(refused.graphs)}
+                "boundaries_per_step": a.region_launches + a.fallback_segments() + len(refused.graphs)}
     G = a.program.graph
     cov = refused.coverage(ops, layer_ops, ran.__contains__, 0.0)
     # not a launch: a size's arithmetic (the host's, like launch arguments) or a view (metadata, no data moves)
@@ -246,7 +247,7 @@ def build_report(analysis: Analysis, session: CaptureSession | None = None, extr
         "layers": len(a.program.layers()),
         "graphs": len(a.program.graphs),
         "boundaries_per_step": executed["boundaries_per_step"],
-        "boundaries_per_step_matched": len(a.regions) + fallback_segments,
+        "boundaries_per_step_matched": a.region_launches + fallback_segments,
         "fallback_segments": fallback_segments,
         "regions": execution.pop("regions"),
         "unmatched": [u.to_dict() for u in a.unmatched],

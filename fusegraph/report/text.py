@@ -173,8 +173,10 @@ def _break_lines(breaks: list[Mapping[str, Any]]) -> list[str]:
         return ["graph breaks: none"]
     lines = [f"graph breaks ({len(breaks)}):"]
     for b in breaks:
-        cost = ("spanned by region(s) " + ",".join(map(str, b["spanned_by_regions"])) if b["spanned_by_regions"]
-                else f"+{b['extra_boundaries']} boundary, {_size(b['hbm_round_trip_bytes'])} HBM round trip")
+        cost = f"+{b['extra_boundaries']} boundary, {_size(b['hbm_round_trip_bytes'])} HBM round trip"
+        if b["spanned_by_regions"]:
+            cost = (f"region(s) {','.join(map(str, b['spanned_by_regions']))} span it and are cut at it when run "
+                    f"(each graph's part its own kernel): {cost}")
         lines.append(f"  after graph {b['after_graph']}: {b['crossing_tensors']} tensor(s), {_size(b['crossing_bytes'])} "
                      f"cross ({'glue-free' if b['glue_free'] else 'Python glue computes on them'}); {cost}")
         lines.append(f"    reason: {b['reason'][:160]}" + (f"  [{b['user_frame']}]" if b.get("user_frame") else ""))

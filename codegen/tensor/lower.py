@@ -44,6 +44,10 @@ def tensor_piece_refusal(graph: Any, piece: Any) -> str | None:
     return None
 
 
+#: view ops with several outputs (read through ``getitem``)
+_MULTI_VIEWS = frozenset({"aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int"})
+
+
 class TensorLowering:
     """The tensor path's state in one kernel (shared by every piece of the region: a view or buffer one piece
     made is found by the next)."""
@@ -87,7 +91,7 @@ class TensorLowering:
         elif _same_value(L.G, d) is not None and self._in_kernel(_same_value(L.G, d)):
             ref = self.ref(_same_value(L.G, d))  # a copy that equals its source: the source
         elif self._glue_view(nid, d):  # layout glue of the region over a kernel value: the same view here
-            ref = self._view_ref(nid, d)
+            ref = self._getitem_ref(nid, d) if d.get("op") == "getitem" else self._view_ref(nid, d)
         else:  # computed outside the kernel (eagerly, before it): a per-step input in its own shape
             ref = whole(L.step_input(nid, shape or (1,), label=f"in_{d.get('name') or nid}"))
         if ref.shape != shape:
@@ -97,8 +101,14 @@ class TensorLowering:
 
     def _glue_view(self, nid: str, d: dict) -> bool:
         """A layout op of the region over a value the kernel has (not over a per-step input: the host computes a
-        view of its own values, or a host-side piece that reads the view would wait for the kernel)."""
+        view of its own values, or a host-side piece that reads the view would wait for the kernel). A ``getitem``
+        of a split / unbind of such a value is one too (the rope's ``k_pass, k_rot = torch.split(k, ...)``)."""
         op = d.get("op")
+        if op == "getitem" and d.get("kind") == "op" and nid in getattr(self.L.region, "nodes", ()):
+            src = d["args"][0] if d.get("args") else None
+            sd = self.L.node(src.node) if hasattr(src, "node") else {}
+            return (sd.get("op") in _MULTI_VIEWS and src.node in self.L.region.nodes and bool(sd.get("args"))
+                    and hasattr(sd["args"][0], "node") and self._in_kernel(sd["args"][0].node))
         if not (d["kind"] == "op" and (CATEGORY.get(op) == "view" or op in _AS_VIEW) and op != "getitem"
                 and nid in getattr(self.L.region, "nodes", ()) and bool(d.get("args"))
                 and hasattr(d["args"][0], "node")):
@@ -133,6 +143,21 @@ class TensorLowering:
             raise CodegenError(f"{nid}: {d['op']} of {src.shape} is not a view the tensor path makes here")
         self.L.kernel_nodes.add(nid)
         return made
+
+    def _getitem_ref(self, nid: str, d: dict) -> TRef:
+        """Output ``i`` of a split / unbind glue over a kernel value: every output's view made once."""
+        src, idx = d["args"][0].node, d["args"][1]
+        if (src, idx) not in self.refs:
+            sd = self.L.node(src)
+            base = self.ref(sd["args"][0].node, getattr(sd["args"][0], "index", None))
+            made = view_of(sd["op"], [base] + [self.arg(a) for a in sd["args"][1:]], sd["shape"])
+            if not isinstance(made, tuple):
+                raise CodegenError(f"{src}: {sd['op']} of {base.shape} is not a split the tensor path makes here")
+            for i, r in enumerate(made):
+                self.refs[(src, i)] = r
+            self.L.kernel_nodes.add(src)
+        self.L.kernel_nodes.add(nid)
+        return self.refs[(src, idx)]
 
     def _argument(self, nid: str, d: dict) -> ir.Value:
         kind = str(getattr(d.get("input_kind"), "value", d.get("input_kind")))

@@ -15,6 +15,8 @@ per step with every op in it, verified on its first call, and gives eager's toke
   and attention patterns: region glue the tensor path copies) and ALiBi scores (``baddbmm`` with alpha).
 * GPT-J: partial rotary (the rotated part concatenated with an empty pass-through slice: that ``cat`` is its one
   non-empty operand).
+* Inkling: a cache layer that reads its length counter after advancing it (``q_offset``): the cache_position
+  match outputs the advanced counter, so the region stays whole.
 * Cohere2-MoE: a step with host arithmetic on Python numbers (``_operator.add`` of a size) outside every region:
   the report files it as host arithmetic, not as an op left to eager (``eager_segments`` stays 0).
 
@@ -37,7 +39,8 @@ from fusegraph.report import report_for_session
 STEPS = 3
 
 
-@pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next", "GptOss", "Cohere2Moe", "Bloom", "GPTJ"])
+@pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next", "GptOss", "Cohere2Moe", "Bloom", "GPTJ",
+                                    "Inkling"])
 def test_family_runs_as_one_kernel_with_every_op(family):
     case = build_case(family)
     ref = case.fork()
@@ -59,3 +62,25 @@ def test_family_runs_as_one_kernel_with_every_op(family):
              and "through generic lowering" not in str(w.message)]
     assert eager == []
     assert report_for_session(session).to_dict().get("eager_segments", 0) == 0
+
+
+def test_split_glue_over_a_kernel_value_stays_in_the_kernel():
+    """HunYuan-V4's sparse-attention indexer splits its normed key (``k_pass, k_rot = torch.split(k, ...)``) before
+    the rope and a cache write that run on the tensor path: the split and its ``getitem`` are region glue over a
+    kernel value (views here), not values read from outside -- before, the kernel took them as inputs, the eager
+    path computed them between the kernel's ops and the region was not convex (0 launches, coverage 0). The
+    indexer's top-k over cache positions sees ties, so its guard recomputes such steps eagerly (the tokens stay
+    eager's)."""
+    case = build_case("HYV4")
+    ref = case.fork()
+    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        toks_c, _ = greedy_decode(step, case.token, case.position, STEPS)
+    toks_e, _ = greedy_decode(ref.step, ref.token, ref.position, STEPS)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
+    assert not [m for m in msgs if "not convex" in m or "eager path" in m and "tied values" not in m], msgs
+    session = last_session()
+    assert session.program.newest_execution().launches_per_call == 1
+    assert report_for_session(session).coverage == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))

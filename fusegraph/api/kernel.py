@@ -87,9 +87,10 @@ def build_for_target(step: CapturedStep, target: str, *, profile: bool = True,
     t2 = time.perf_counter()
     say(f"lowering and generating the megakernel for {target} ({len(region.matches)} matches, {len(region.layers)} layers)")
     plan, notes = _build_like_the_executor(step, region, settings)
+    generated = plan.generated
     timings["codegen_s"] = time.perf_counter() - t2
     build = KernelBuild(model=step.model, target=target, program=step.program, analysis=step.analysis,
-                        region=plan.region, lowered=plan.lowered, generated=plan.generated, timings=timings,
+                        region=plan.region, lowered=plan.lowered, generated=generated, timings=timings,
                         notes=notes)
     if profile:
         t3 = time.perf_counter()

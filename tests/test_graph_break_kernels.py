@@ -81,3 +81,32 @@ def test_region_across_a_break_runs_as_one_kernel_per_graph(model, kind):
     assert launches == len(kernels) >= 2
     assert all(v == "passed" for rec in records.values() for v in rec.verification.values())
     assert all(e == "nkisim" for rec in records.values() for e in rec.executed_by.values())
+
+
+def test_a_break_in_every_layer_keeps_every_graph_in_one_step():
+    """The frame dynamo resumes after a break inside the attention is compiled once per layer in the same step (its
+    guards name the layer: ``self.layer_idx == 0``); the capture session used to take that for a recompile of a
+    later step and drop layer 0's graphs (a new version). A step is a run of its first graph, so graphs compiled
+    before it runs again are parts of the same step: every layer's graphs stay, each runs its kernel."""
+    case = build_decode("llama-tiny")
+    ref = case.fork()
+    for layer in case.model.model.layers:
+        o_proj = layer.self_attn.o_proj
+        inner = o_proj.forward
+        o_proj.forward = (lambda f: (lambda x: (_explicit(x), f(x))[1]))(inner)
+    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        toks_c, _ = greedy_decode(step, case.token, case.position, 5)
+    toks_e, _ = greedy_decode(ref.step, ref.token, ref.position, 5)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
+    assert not [m for m in msgs if "eager path" in m], msgs
+    assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
+    session = last_session()
+    program = session.program
+    assert not session.superseded and len(program.breaks) == 3  # one per layer, plus the resumed caller's
+    layers = {d.get("layer") for _, d in program.graph.nodes(data=True) if d.get("kind") == "op"}
+    assert {0, 1} <= layers
+    records = program.execution
+    assert sum(rec.launches_per_call for rec in records.values()) >= 4
+    assert all(v == "passed" for rec in records.values() for v in rec.verification.values())

@@ -94,7 +94,9 @@ class CaptureSession:
     superseded: list[StepVersion] = field(default_factory=list)
     #: why dynamo recompiled (guard failures), and the position counters made dynamic (capture/recompiles.py)
     recompiles: RecompileWatch = field(default_factory=RecompileWatch)
-    _frames: set[int] = field(default_factory=set)  # dynamo frame ids with a graph in the current version
+    _frames: dict[int, int] = field(default_factory=dict)  # dynamo frame id with a graph in the current version ->
+    # how many times the version's entry graph had run when that frame compiled (``_entry_runs``)
+    _entry_runs: int = 0  # runs of the current version's first graph: one per step
     _next: Iterator[int] = field(default_factory=itertools.count)
     _last_outputs: dict[int, list] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -105,18 +107,25 @@ class CaptureSession:
 
     def begin_graph(self) -> None:
         """Note the dynamo frame of the graph being compiled; a recompile of a frame that already has a graph in
-        the current version starts a new version of the step (the new graph replaces the old one: linking
-        them, or reporting both as parts of one step, would be wrong)."""
+        the current version, in a later step, starts a new version of the step (the new graph replaces the old
+        one: linking them, or reporting both as parts of one step, would be wrong).
+
+        Why "in a later step": a frame dynamo resumes after a graph break inside a decoder layer is compiled once
+        per layer in the same step (its guards name the layer: ``self.layer_idx == 0``); those graphs are parts of
+        this step. A step is a run of the version's first graph, so a frame compiled again before that graph ran
+        again belongs to the same step."""
         frame = current_frame_compile()
         if frame is None:
             return
         if frame[1] > 0:
             self.recompiles.note(frame[0], current_recompile_reason())
-        if frame[1] > 0 and frame[0] in self._frames:
-            log.debug("frame %d compiled again (compile %d): new version of the step", *frame)
+        if frame[1] > 0 and frame[0] in self._frames and self._frames[frame[0]] != self._entry_runs:
+            log.debug("frame %d compiled again (compile %d) in a later step: new version of the step", *frame)
             self.superseded.append(StepVersion(self.program, self.refusals))
-            self.program, self.refusals, self._frames = Program(), [], set()
-        self._frames.add(frame[0])
+            self.program, self.refusals, self._frames, self._entry_runs = Program(), [], {}, 0
+        elif frame[1] > 0 and frame[0] in self._frames:
+            log.debug("frame %d compiled again (compile %d) in the same step (another layer): one more graph", *frame)
+        self._frames.setdefault(frame[0], self._entry_runs)
 
     def current_layer_traces(self) -> dict[int, tuple[int, int]]:
         indices = {g.index for g in self.program.graphs}
@@ -124,6 +133,8 @@ class CaptureSession:
 
     # ---- tensor-flow linking -----------------------------------------------------------------------------
     def record_outputs(self, graph_index: int, outputs: Any) -> None:
+        if self.program.graphs and graph_index == self.program.graphs[0].index:
+            self._entry_runs += 1
         outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         rec = []
         for t in outs:

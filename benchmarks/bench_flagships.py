@@ -134,21 +134,10 @@ def measure(name: str, target: str, layers: str) -> dict[str, Any]:
 
 
 def top_generic(res: Any, n: int = 3) -> list[str]:
-    """The generic (tensor-path) ops that cost the step the most modeled time (exposed seconds of their kernel
-    lines, from the cost model's per-line attribution), each as ``region (ATen op): ms``: the next patterns to
-    write. The op is read from the kernel's own comment on each tensor-path op."""
-    import re
-    from collections import defaultdict
-
-    src = res.build.generated.source
-    op_of = dict((name, op) for op, name in re.findall(r"# (\S+) \((\S+)\) on the tensor path", src))
-    cost: dict[str, float] = defaultdict(float)
-    for line in res.strategies.megakernel.to_dict(lines=400)["top_lines"]:
-        region = line.get("region") or ""
-        if region in op_of:
-            cost[region] += line.get("exposed_s") or 0.0
-    top = sorted(cost.items(), key=lambda kv: -kv[1])[:n]
-    return [f"{r} ({op_of[r]}): {s * 1e3:.2f} ms" for r, s in top]
+    """The generic (tensor-path) ops that cost the step the most modeled time
+    (:meth:`fusegraph.modelperf.analysis.ModelPerf.generic_by_cost`), each as ``region (ATen op): ms``: the next
+    patterns to write."""
+    return [f"{g['region']} ({g['op']}): {g['ms']:.2f} ms" for g in res.generic_by_cost(n)]
 
 
 COLUMNS = [("model", "model"), ("status", "status"), ("megakernel_launches", "launches"), ("regions", "regions"),

@@ -12,6 +12,7 @@ because it reports progress (the decoder layer the run is in). Costing one build
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
@@ -114,6 +115,10 @@ def build_kernel(model: str, target: str, **kw: Any) -> BuildResult:
 
 
 # ---- one model on one target -----------------------------------------------------------------------------------
+#: a tensor-path op's comment in a generated kernel: ``# <aten op> (<region>) on the tensor path``
+_TENSOR_OP_COMMENT = re.compile(r"# (\S+) \((\S+)\) on the tensor path")
+
+
 @dataclass
 class ModelPerf:
     """Everything the benchmark, the CLI and the HTML report show for one model on one target."""
@@ -131,6 +136,24 @@ class ModelPerf:
 
     def summaries(self) -> dict[str, dict[str, Any]]:
         return {k: strategy_summary(e, self.strategies.launches.get(k, 0)) for k, e in self.strategies.items()}
+
+    def generic_by_cost(self, n: int = 5) -> list[dict[str, Any]]:
+        """The ops that run in the kernel through generic lowering (the tensor path: no pattern), ranked by the
+        modeled time they expose in the megakernel (the cost model's per-line attribution), each with its kernel
+        region, ATen op and milliseconds: the next patterns to write, in the order they would pay off. The op is
+        read from the kernel's own comment on each tensor-path op (``# <aten op> (<region>) on the tensor path``)."""
+        src = self.build.generated.source
+        op_of = dict((name, op) for op, name in _TENSOR_OP_COMMENT.findall(src))
+        if not op_of:
+            return []
+        cost: dict[str, float] = {}
+        for line in self.strategies.megakernel.to_dict(lines=400)["top_lines"]:
+            region = line.get("region") or ""
+            if region in op_of:
+                cost[region] = cost.get(region, 0.0) + (line.get("exposed_s") or 0.0)
+        mk = self.strategies.megakernel.seconds or 1.0
+        top = sorted(cost.items(), key=lambda kv: -kv[1])[:n]
+        return [{"region": r, "op": op_of[r], "ms": sec * 1e3, "share": sec / mk} for r, sec in top]
 
     def to_dict(self, top_lines: int = 30) -> dict[str, Any]:
         s = self.summaries()
@@ -153,6 +176,7 @@ class ModelPerf:
             "speedup": speed,
             "megakernel": self.strategies.megakernel.to_dict(lines=top_lines),
             "attribution": attribution(self.build),
+            "generic_by_cost": self.generic_by_cost(),
             "like_for_like": self.like_for_like,
             "params": hw.table(),
             "parameter_set": self.parameter_set,

@@ -53,6 +53,7 @@ def row_of(perf: ModelPerf) -> dict[str, Any]:
             row[f"speedup_vs_{key}"] = row[f"{key}_ms"] / mk
     row["megakernel_vs_core_limit"] = row["limit_core_ms"] / mk if mk else None
     row["notes"] = d["notes"]
+    row["generic_by_cost"] = d.get("generic_by_cost", [])
     return row
 
 
@@ -174,6 +175,14 @@ def format_tables(result: dict[str, Any]) -> str:
                      f'{_f(r.get("speedup_vs_per_op"), "{:.2f}")}x / {_f(r.get("speedup_vs_hybrid"), "{:.2f}")}x',
                      "none (1 core)"])
     out.append(_table(hdr, rows))
+    generic = [r for r in result["rows"] if r.get("generic_by_cost")]
+    if generic:
+        out.append("")
+        out.append("Ops in the megakernel through generic lowering (no pattern), by modeled time they expose: the next "
+                   "patterns to write")
+        for r in generic:
+            out.append(f'  {r["model"]} {r["target"]}: ' + "; ".join(
+                f'{g["region"]} ({g["op"]}) {g["ms"]:.3f} ms ({g["share"] * 100:.1f}%)' for g in r["generic_by_cost"]))
     for l in result["like_for_like"]:
         out.append("")
         out.append(f'Like for like: {l["model"]} on {l["target"]}, one core\'s shard of TP={l["tp"]} x LNC={l["lnc"]} '

@@ -398,6 +398,14 @@ def render(*, title: str, perf: Mapping[str, Any] | None = None, program: Any = 
         attribution = perf.get("attribution", {})
         parts.append("<h2>Modeled time per decoder layer, by engine (megakernel)</h2>")
         parts.append(layer_chart(mk.get("layers", {})))
+        generic = perf.get("generic_by_cost") or []
+        if generic:
+            parts.append("<h2>Generic pieces by modeled cost (the next patterns to write)</h2>")
+            parts.append('<p class="note">ops that run in the megakernel through generic lowering (no pattern), '
+                         'ranked by the modeled time they expose</p>')
+            parts.append(table(["kernel region", "ATen op", "modeled ms", "share of the step"],
+                                [[g["region"], g["op"], f'{g["ms"]:.3f}', f'{g["share"] * 100:.1f}%']
+                               for g in generic], num=(2, 3), tid="generic-table"))
         parts.append("<h2>Strategies on the same cost model</h2>")
         parts.append(_strategies_section(perf))
         parts.append("<h2>Calibration against published figures</h2>")

@@ -16,10 +16,13 @@ from .rope_interleaved import rope_interleaved, rope_interleaved_partial
 from .rope_partial import rope_partial
 
 
-def rope_table_key(which: str, lay: Layout) -> str:
-    """The per-step cos/sin table (``which``) a RoPE on values of layout ``lay`` reads: one per layout, loaded
-    once per step and shared by every layer."""
-    return f"{which}:{lay.FT}" if lay.split == 1 else f"{which}:{lay.heads}x{lay.split}:{lay.P}"
+def rope_table_key(which: str, lay: Layout, table: str = "") -> str:
+    """The per-step cos/sin table (``which``) a RoPE on values of layout ``lay`` reads: one per layout and source
+    table, loaded once per step and shared by every layer that reads that table. Why the table: a model may have
+    several (Gemma-3's sliding layers rotate with their own base frequency, its full layers with another); keyed
+    by layout alone, every layer read the first table loaded."""
+    base = f"{which}:{lay.FT}" if lay.split == 1 else f"{which}:{lay.heads}x{lay.split}:{lay.P}"
+    return f"{base}@{table}" if table else base
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Rope(ir.Instruction):
     head_dim: int
     rotary_dim: int = 0  # partial rotary: only features [0, rotary_dim) of each head rotate (0: all of them)
     interleaved: bool = False  # rotate pairs (x[2i], x[2i+1]) (GPT-J convention) instead of the two halves
+    table: str = ""  # the program node of the cos table (views stripped): layers reading one table share its load
 
     @property
     def rotary_key(self) -> str:
@@ -65,10 +69,12 @@ class Rope(ir.Instruction):
         lay = ctx.layout(self.x)
         out = []
         for which, val in (("cos", self.cos), ("sin", self.sin)):
-            key = rope_table_key(which, lay)
+            key = rope_table_key(which, lay, self.table)
             if key in ctx.inputs:
                 continue
             var = f"{which}_h{lay.FT}" if lay.split == 1 else f"{which}_h{lay.heads}x{lay.split}"
+            earlier = sum(1 for k in ctx.inputs if k.startswith(rope_table_key(which, lay) + "@"))
+            var = var if not earlier else f"{var}_t{earlier}"  # a second table of this layout (Gemma-3)
             ctx.inputs[key] = var
             out.append(code("rope_tables.j2", var=var, heads=lay.FT, P=lay.P, T=ctx.tokens, dtype=nl_dtype(val.dtype),
                             src=val.name, split=lay.split, D=self.head_dim))
@@ -87,7 +93,8 @@ class Rope(ir.Instruction):
                rot=f"{v}_rot", rotation=ctx.consts[f"rotation:{lay.P}:{self.rotary_key}:{self.x.dtype}"],
                x=ctx.var(self.x), split=1,
                a=f"{v}_a", b=f"{v}_b", out=v, dtype=nl_dtype(self.out.dtype),
-               cos=ctx.inputs[rope_table_key("cos", lay)], sin=ctx.inputs[rope_table_key("sin", lay)])
+               cos=ctx.inputs[rope_table_key("cos", lay, self.table)],
+               sin=ctx.inputs[rope_table_key("sin", lay, self.table)])
         return e
 
     def _emit_split(self, ctx: Context, lay: Layout, e: Emitted) -> Emitted:
@@ -102,7 +109,8 @@ class Rope(ir.Instruction):
         e.code("rope.j2", module=self.module or "", aten=aten(self), name=inst_name(self), P=lay.P, FT=lay.FT,
                T=ctx.tokens, split=lay.split, H=lay.heads, D=self.head_dim, blocks=blocks, swap=swap, rot=f"{v}_rot",
                rotation=rotation, x=ctx.var(self.x), a=f"{v}_a", b=f"{v}_b", out=v, dtype=nl_dtype(self.out.dtype),
-               cos=ctx.inputs[rope_table_key("cos", lay)], sin=ctx.inputs[rope_table_key("sin", lay)])
+               cos=ctx.inputs[rope_table_key("cos", lay, self.table)],
+               sin=ctx.inputs[rope_table_key("sin", lay, self.table)])
         return e
 
     def reference(self, env: dict[str, torch.Tensor]) -> None:
@@ -147,4 +155,20 @@ def lower_rope(L: Lowerer, m: Any) -> None:
         L.arg_source(sin).pad = (D, 0.0)
     out = L.new_act(L.output(m), L.label(m, "rope"))
     L.emit(Rope(x=x, cos=cos, sin=sin, out=out, head_dim=D, rotary_dim=R if R < D else 0,
-                interleaved=m.pattern.template == "rope_interleaved"), m)
+                interleaved=m.pattern.template == "rope_interleaved", table=_table_of(L, L.input(m, "cos"))), m)
+
+
+#: single-tensor view ops between a rotary table and a layer's use of it (``cos.unsqueeze(1)``)
+_TABLE_VIEWS = frozenset({"aten.unsqueeze.default", "aten.view.default", "aten._unsafe_view.default",
+                          "aten.expand.default", "aten.reshape.default", "aten.squeeze.dim", "aten.alias.default"})
+
+
+def _table_of(L: Lowerer, nid: str) -> str:
+    """The node a layer's cos comes from, its per-layer views stripped: layers that read the same table name the
+    same node (one load per step), layers with their own table (Gemma-3's sliding layers) another."""
+    while True:
+        d = L.node(nid)
+        refs = [a for a in d.get("args", ()) if hasattr(a, "node")]
+        if d.get("kind") != "op" or d.get("op") not in _TABLE_VIEWS or len(refs) != 1:
+            return nid
+        nid = refs[0].node

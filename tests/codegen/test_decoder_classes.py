@@ -17,6 +17,8 @@ per step with every op in it, verified on its first call, and gives eager's toke
   non-empty operand).
 * Inkling: a cache layer that reads its length counter after advancing it (``q_offset``): the cache_position
   match outputs the advanced counter, so the region stays whole.
+* Gemma-3: two rotary tables (sliding layers rotate with their own base frequency): each layer's RoPE reads its
+  own table (keyed by layout alone, every layer read the first one loaded and verification failed).
 * Cohere2-MoE: a step with host arithmetic on Python numbers (``_operator.add`` of a size) outside every region:
   the report files it as host arithmetic, not as an op left to eager (``eager_segments`` stays 0).
 
@@ -40,7 +42,7 @@ STEPS = 3
 
 
 @pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next", "GptOss", "Cohere2Moe", "Bloom", "GPTJ",
-                                    "Inkling"])
+                                    "Inkling", "Gemma3"])
 def test_family_runs_as_one_kernel_with_every_op(family):
     case = build_case(family)
     ref = case.fork()

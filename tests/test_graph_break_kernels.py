@@ -8,14 +8,17 @@ and an ``.item()`` on a non-state tensor, each in layer 0 before its attention o
 """
 from __future__ import annotations
 
-import warnings
+import os
+import sys
 
 import pytest
 import torch
 
 from fusegraph.capture.session import last_session
-from fusegraph.models import build_decode, greedy_decode
-from fusegraph.warnings import FusegraphWarning
+from fusegraph.models import build_decode
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "matching"))
+from fg_cases import decode_beside_eager  # noqa: E402
 
 
 def _explicit(x):
@@ -53,14 +56,8 @@ CASES = [pytest.param(k, m, marks=() if (k, m) in {("graph_break", "llama-tiny")
 @pytest.mark.parametrize("kind,model", CASES)
 def test_region_across_a_break_runs_as_one_kernel_per_graph(model, kind):
     case = build_decode(model)
-    ref = case.fork()
     _break_before_o_proj(case, BREAKS[kind])
-    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        toks_c, logits_c = greedy_decode(step, case.token, case.position, 5)
-    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, 5)
-    msgs = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
+    toks_c, logits_c, toks_e, logits_e, msgs = decode_beside_eager(case, 5)
     assert not [m for m in msgs if "eager path" in m or "graph break" in m], msgs
     assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
     for a, b in zip(logits_c, logits_e):
@@ -89,17 +86,11 @@ def test_a_break_in_every_layer_keeps_every_graph_in_one_step():
     later step and drop layer 0's graphs (a new version). A step is a run of its first graph, so graphs compiled
     before it runs again are parts of the same step: every layer's graphs stay, each runs its kernel."""
     case = build_decode("llama-tiny")
-    ref = case.fork()
     for layer in case.model.model.layers:
         o_proj = layer.self_attn.o_proj
         inner = o_proj.forward
         o_proj.forward = (lambda f: (lambda x: (_explicit(x), f(x))[1]))(inner)
-    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        toks_c, _ = greedy_decode(step, case.token, case.position, 5)
-    toks_e, _ = greedy_decode(ref.step, ref.token, ref.position, 5)
-    msgs = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
+    toks_c, _, toks_e, _, msgs = decode_beside_eager(case, 5)
     assert not [m for m in msgs if "eager path" in m], msgs
     assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
     session = last_session()

@@ -27,16 +27,18 @@ The whole sweep over every ``*ForCausalLM`` class is ``benchmarks/bench_families
 """
 from __future__ import annotations
 
-import warnings
+import os
+import sys
 
 import pytest
 import torch
 
-from fusegraph import FusegraphWarning
 from fusegraph.capture.session import last_session
-from fusegraph.models import greedy_decode
 from fusegraph.models.families import build_case
 from fusegraph.report import report_for_session
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "matching"))
+from fg_cases import decode_beside_eager  # noqa: E402
 
 STEPS = 3
 
@@ -44,24 +46,17 @@ STEPS = 3
 @pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next", "GptOss", "Cohere2Moe", "Bloom", "GPTJ",
                                     "Inkling", "Gemma3"])
 def test_family_runs_as_one_kernel_with_every_op(family):
-    case = build_case(family)
-    ref = case.fork()
-    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        toks_c, logits_c = greedy_decode(step, case.token, case.position, STEPS)
-    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, STEPS)
+    toks_c, logits_c, toks_e, logits_e, msgs = decode_beside_eager(build_case(family), STEPS)
     session = last_session()
     stats = session.program.newest_execution()
-    assert stats.launches_per_call == 1, [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
+    assert stats.launches_per_call == 1, msgs
     assert list(stats.verification.values()) == ["passed"]
     assert report_for_session(session).coverage == 1.0
     assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
     for a, b in zip(logits_c, logits_e):
         assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
     # nothing fell back: the only warnings allowed say a pattern's lowering gave its ops to generic lowering
-    eager = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)
-             and "through generic lowering" not in str(w.message)]
+    eager = [m for m in msgs if "through generic lowering" not in m]
     assert eager == []
     assert report_for_session(session).to_dict().get("eager_segments", 0) == 0
 
@@ -73,14 +68,7 @@ def test_split_glue_over_a_kernel_value_stays_in_the_kernel():
     path computed them between the kernel's ops and the region was not convex (0 launches, coverage 0). The
     indexer's top-k over cache positions sees ties, so its guard recomputes such steps eagerly (the tokens stay
     eager's)."""
-    case = build_case("HYV4")
-    ref = case.fork()
-    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        toks_c, _ = greedy_decode(step, case.token, case.position, STEPS)
-    toks_e, _ = greedy_decode(ref.step, ref.token, ref.position, STEPS)
-    msgs = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
+    toks_c, _, toks_e, _, msgs = decode_beside_eager(build_case("HYV4"), STEPS)
     assert not [m for m in msgs if "not convex" in m or "eager path" in m and "tied values" not in m], msgs
     session = last_session()
     assert session.program.newest_execution().launches_per_call == 1

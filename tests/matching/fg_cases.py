@@ -76,6 +76,26 @@ def decodes_in_one_kernel(case: DecodeCase, dtype: str = "float32", steps: int =
     return stats
 
 
+def decode_beside_eager(case: DecodeCase, steps: int) -> tuple[list, list, list, list, list[str]]:
+    """Compile ``case.step`` for the interpreter and greedy-decode ``steps`` steps beside an eager copy: (compiled
+    tokens, compiled logits, eager tokens, eager logits, the fusegraph warnings the compiled run gave)."""
+    import warnings
+
+    import torch
+
+    from fusegraph import FusegraphWarning
+    from fusegraph.models import greedy_decode
+
+    ref = case.fork()
+    step = torch.compile(case.step, backend="fusegraph", options={"executor": "nkisim", "cache_dir": "off"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        toks_c, logits_c = greedy_decode(step, case.token, case.position, steps)
+    toks_e, logits_e = greedy_decode(ref.step, ref.token, ref.position, steps)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, FusegraphWarning)]
+    return toks_c, logits_c, toks_e, logits_e, msgs
+
+
 @functools.lru_cache(maxsize=None)
 def analyzed_family(family: str, attn: str = "eager", dtype: str = "float32", **config):
     case = hf_case(family, attn, dtype, **config)

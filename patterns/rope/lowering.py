@@ -37,7 +37,7 @@ class Rope(ir.Instruction):
     head_dim: int
     rotary_dim: int = 0  # partial rotary: only features [0, rotary_dim) of each head rotate (0: all of them)
     interleaved: bool = False  # rotate pairs (x[2i], x[2i+1]) (GPT-J convention) instead of the two halves
-    table: str = ""  # the program node of the cos table (views stripped): layers reading one table share its load
+    table: str = ""  # which cos table ("t0", "t1": its ordinal in the kernel): layers reading one table share its load
 
     @property
     def rotary_key(self) -> str:
@@ -164,11 +164,15 @@ _TABLE_VIEWS = frozenset({"aten.unsqueeze.default", "aten.view.default", "aten._
 
 
 def _table_of(L: Lowerer, nid: str) -> str:
-    """The node a layer's cos comes from, its per-layer views stripped: layers that read the same table name the
-    same node (one load per step), layers with their own table (Gemma-3's sliding layers) another."""
+    """Which table a layer's cos comes from, by the node it is a per-layer view of: layers that read the same
+    table get the same name (one load per step), layers with their own table (Gemma-3's sliding layers) another.
+    The name is the table's ordinal in the kernel ("t0", "t1"), not its node id: node ids carry the graph
+    ("g1.cos"), and the same kernel compiled as graph 0 or graph 1 must have one cache key."""
     while True:
         d = L.node(nid)
         refs = [a for a in d.get("args", ()) if hasattr(a, "node")]
         if d.get("kind") != "op" or d.get("op") not in _TABLE_VIEWS or len(refs) != 1:
-            return nid
+            break
         nid = refs[0].node
+    tables = L.shared.setdefault("rope_tables", {})
+    return tables.setdefault(nid, f"t{len(tables)}")

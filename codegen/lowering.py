@@ -262,12 +262,16 @@ class Lowerer:
             cand = self.aliases.get(cand, cand)
             if cand in self.values:
                 v = self.values[cand]
-                return self._activation_of(cand, v) if v.kind == V.TENSOR else v
+                return self._activation_of(cand, v) if v.kind in (V.TENSOR, V.STATE) else v
         view = service("tensor view")(self, nid)  # region glue over a kernel value (a fused QKV's select)
         if view is not None:
             self.values[nid] = view
             return self._activation_of(nid, view)
         d = self.node(nid)
+        if d["kind"] == "input" and str(getattr(d.get("input_kind"), "value", d.get("input_kind"))) == "state":
+            # state read as an activation (xLSTM's running max): loaded from the state argument itself, so an
+            # in-place write of it later in the step writes the argument, not a copy of the loaded value
+            return self._activation_of(nid, self.hbm(nid))
         F = self.features(nid)
         src = self._arg(nid, V.INPUT, (self.T, F), _dtype(d["dtype"]), f"in_{d.get('name') or nid}")
         out = ir.Value(self.unique(f"a_{d.get('name') or nid}"), V.ACT, (self.T, F), src.dtype, node=nid)

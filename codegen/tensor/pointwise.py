@@ -92,6 +92,29 @@ def _activation(ins: TensorOp, ctx: Context, code: Code) -> int:
     return elementwise(ins, ctx, code, [ins.args[0]], compute)
 
 
+@register_emitter("aten.expm1.default", "aten.log1p.default")
+def _expm1_log1p(ins: TensorOp, ctx: Context, code: Code) -> int:
+    """``expm1(x)`` as ``exp(x) - 1`` and ``log1p(x)`` as ``log(1 + x)`` (Apertus' xIELU activation): the Scalar
+    engine has no fused form (neither is in the NKI activation tables). Near 0 the result loses eager's relative
+    precision but keeps its absolute precision (within 1e-7 of fp32's 1), which is what a sum with other terms of
+    order 1 (xIELU: ``(expm1(min(x, eps)) - x) * a + b * x``) sees."""
+    x = ins.args[0]
+    if not x.dtype.is_floating_point:
+        raise CodegenError(f"{ins.op} of {x.dtype}")
+    expm1 = ins.op == "aten.expm1.default"
+
+    def compute(code: Code, o: str, t: list[str], tile: Tile) -> None:
+        lab = _label(ins)
+        z = tile_alloc(code, tile.shape(), torch.float32, lab, "z")
+        if expm1:
+            code(f"nisa.activation(dst={z}, op=nl.exp, data={t[0]}, name=\"{lab}.exp\")")
+            code(f"nisa.tensor_scalar(dst={o}, data={z}, op0=nl.subtract, operand0=1.0, name=\"{lab}\")")
+        else:
+            code(f"nisa.tensor_scalar(dst={z}, data={t[0]}, op0=nl.add, operand0=1.0, name=\"{lab}.onep\")")
+            code(f"nisa.activation(dst={o}, op=nl.log, data={z}, name=\"{lab}\")")
+    return elementwise(ins, ctx, code, [x], compute)
+
+
 @register_emitter("aten.gelu.default")
 def _gelu(ins: TensorOp, ctx: Context, code: Code) -> int:
     fn = "gelu_apprx_tanh" if ins.kwargs.get("approximate", "none") == "tanh" else "gelu"
@@ -166,11 +189,12 @@ def _clamp(ins: TensorOp, ctx: Context, code: Code) -> int:
 
 
 def _binary_name(op: str) -> str:
-    return op.split(".")[1]
+    return op.split(".")[1].rstrip("_")  # ``add_`` (in place into state: the lowering makes outs[0] the state)
 
 
 @register_emitter(*(f"aten.{n}.{form}" for n in ("add", "sub", "mul", "eq", "ne", "lt", "le", "gt", "ge")
                     for form in ("Tensor", "Scalar")),
+                  *(f"aten.{n}_.{form}" for n in ("add", "sub", "mul") for form in ("Tensor", "Scalar")),
                   "aten.maximum.default", "aten.minimum.default", "aten.logical_and.default",
                   "aten.logical_or.default", "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor",
                   "aten.pow.Tensor_Tensor", "aten.rsub.Scalar", "aten.rsub.Tensor")

@@ -135,6 +135,48 @@ def _softmax(ins: TensorOp, ctx: Context, code: Code) -> int:
     return scratch[0]
 
 
+@register_emitter("aten.var.correction")
+def _var(ins: TensorOp, ctx: Context, code: Code) -> int:
+    """``x.var(dims, correction=c)`` (xLSTM's multi-head norm): two passes over one tile of the reduced dims, the
+    mean first, then the sum of squared deviations from it (not ``E[x^2] - E[x]^2``, which cancels), in fp32,
+    scaled by ``1 / (n - c)``."""
+    x: TRef = ins.args[0]
+    dims, _ = reduced_dims(ins)
+    c = ins.kwargs.get("correction")
+    c = 1.0 if c is None else float(c)
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    if n - c <= 0:
+        raise CodegenError(f"variance of {n} elements with correction {c}")
+    p = plan(x.shape, inner=dims, loops_outer=True)
+    if p.chunk:
+        raise CodegenError(f"{ins.op} over {n} elements (longer than one tile)")
+    name = ins.name_stem()
+    out = out_aligned(ins.outs[0], x.shape, dims)
+    scratch = [0]
+
+    def body(tile: Tile) -> None:
+        shape = tile.shape()
+        axes = tuple(range(1, len(shape)))
+        t = tile_alloc(code, shape, x.dtype, name, "x")
+        code(f"nisa.dma_copy(dst={t}, src={tile.ap(ctx.var(x.value), x)}, name=\"{name}.load\")")
+        s, negm, ss = (tile_alloc(code, (tile.p, 1), torch.float32, name, w) for w in ("sum", "negmean", "sumsq"))
+        code(f"nisa.tensor_reduce(dst={s}, op=nl.add, data={t}, axis={axes}, name=\"{name}.sum\")")
+        code(f"nisa.tensor_scalar(dst={negm}, data={s}, op0=nl.multiply, operand0={-1.0 / n!r}, "
+             f"name=\"{name}.negmean\")")
+        dev, sq = (tile_alloc(code, shape, torch.float32, name, w) for w in ("dev", "sq"))
+        code(f"nisa.tensor_scalar(dst={dev}, data={t}, op0=nl.add, operand0={negm}, name=\"{name}.dev\")")
+        code(f"nisa.tensor_tensor(dst={sq}, data1={dev}, data2={dev}, op=nl.multiply, name=\"{name}.sq\")")
+        code(f"nisa.tensor_reduce(dst={ss}, op=nl.add, data={sq}, axis={axes}, name=\"{name}.sumsq\")")
+        code(f"nisa.tensor_scalar(dst={ss}, data={ss}, op0=nl.multiply, operand0={1.0 / (n - c)!r}, "
+             f"name=\"{name}\")")
+        code(f"nisa.dma_copy(dst={tile.ap(ctx.var(out.value), out, dims=())}, src={ss}, name=\"{name}.store\")")
+        scratch[0] = max(scratch[0], tile_bytes(shape, x.dtype) + 2 * tile_bytes(shape, torch.float32) + 24)
+    walk(code, p, body)
+    return scratch[0]
+
+
 def _finish(code: Code, op: str, name: str, tile: Tile, e: str, m: str, negm: str, s: str, t: str) -> str:
     """softmax: ``e / sum``; log_softmax: ``x - max - log(sum)``; logsumexp: ``max + log(sum)``."""
     if op == "aten._softmax.default":

@@ -287,7 +287,7 @@ def _unmatched(a: Analysis, region_reasons: dict[str, str]) -> list[Unmatched]:
         d = G.nodes[n]
         if d["kind"] != "op" or n in a.region_of:
             continue
-        reason = region_reasons.get(n)
+        reason = HOST_ARITHMETIC if is_host_arithmetic(d) else region_reasons.get(n)
         if reason is None:
             reason = _reason(a, cv, n, refused_at, miss_cache, fallback)
         key = (d["op"], _module_key(d.get("module")), reason)

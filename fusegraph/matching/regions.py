@@ -47,6 +47,10 @@ class RegionResult:
 
 
 
+#: value-identity ops that copy data (views are metadata and launch nothing outside a kernel)
+_COPIES = frozenset({"aten.clone.default", "aten.contiguous.default", "aten.lift_fresh_copy.default"})
+
+
 def form_regions(cv: CanonicalView, reach: Reach, matches: list[Match], settings: Settings,
                  decisions: list[Decision]) -> RegionResult:
     """Merge ``matches`` and the glue ops between them into regions, appending every merge and refusal to
@@ -77,6 +81,7 @@ class _RegionFormation:
         self.seed_ops()
         self.parent = {gid: gid for gid in self.groups}
         self.merge_along_edges()
+        self.merge_islands()
         self.log_unlinked_breaks()
         kept = self.matched_groups()
         regions = self.make_regions(kept, self.folded_inside(kept))
@@ -140,6 +145,36 @@ class _RegionFormation:
                 break
             pending = [(u, v) for u, v, _ in retry]
 
+    def merge_islands(self) -> None:
+        """Merge each small matched unit that no edge links to any other unit (a state counter's ``+= 1`` that
+        nothing in the step reads: xLSTM's ``seqlen_offset``) into the largest matched unit of its graph, when the
+        union stays convex. Nothing orders the two, so one kernel can do both; left apart, the small unit would be
+        dissolved (``min_region_size``) and run as an eager launch of its own."""
+        D, unit_of = self.cv.data, self.unit_of
+        roots = {self.find(g) for g in self.groups}
+        matched = [self.groups[r] for r in roots if self.groups[r].matches]
+        for g in sorted(matched, key=lambda g: len(g.members)):
+            if self.find(g.id) != g.id or len(g.members) >= max(self.settings.min_region_size, 2):
+                continue
+            linked = {self.find(unit_of[x]) for n in g.members for x in (*D.predecessors(n), *D.successors(n))
+                      if x in unit_of}
+            if linked - {g.id}:
+                continue
+            graph = D.nodes[next(iter(g.members))]["graph"]
+            hosts = [h for h in (self.groups[r] for r in {self.find(m.id) for m in matched}) if h is not g
+                     and self.find(h.id) == h.id and D.nodes[next(iter(h.members))]["graph"] == graph]
+            for h in sorted(hosts, key=lambda h: -len(h.members)):
+                bits = g.bits | h.bits
+                if (g.anc | h.anc) & (g.desc | h.desc) & ~bits:
+                    continue
+                self.decisions.append(Decision("merge", h.label, "independent of it (no edge between them): one "
+                                               "kernel computes both", other=g.label))
+                h.members |= g.members
+                h.bits, h.anc, h.desc = bits, h.anc | g.anc, h.desc | g.desc
+                h.matches += g.matches
+                self.parent[g.id] = h.id
+                break
+
     def merge_pass(self, pending: list[tuple[str, str]]) -> tuple[list[tuple[str, str, str]], bool]:
         """One pass over ``pending`` edges: merge the two units of each edge when their union stays convex.
         Returns the refused edges with a witness (a node outside that would run both after and before the union)
@@ -192,8 +227,10 @@ class _RegionFormation:
         return [self.groups[r] for r in roots if self.groups[r].matches]
 
     def folded_inside(self, kept: list[_Group]) -> dict[int, list[str]]:
-        """The folded (value-identity) op nodes each kept group takes in: those whose source and every consumer
-        are inside it. Canonicalization hid them from merging, but they run, so they belong to a region."""
+        """The folded (value-identity) op nodes each kept group takes in: those whose every consumer is inside it
+        and whose source is inside it too, or is a copy of a value no group computes (``input_ids.clone()`` before
+        an in-place edit, read only by the kernel). Canonicalization hid them from merging, but they run, so they
+        belong to a region: left outside, a copy would be an eager launch whose result only the kernel reads."""
         group_of: dict[str, int] = {}
         for g in kept:
             for n in g.members:
@@ -205,6 +242,8 @@ class _RegionFormation:
                 continue
             cons = self.cv.folded_consumers.get(f, frozenset())
             gid = group_of.get(src)
+            if gid is None and src not in group_of and G.nodes[f]["op"] in _COPIES and cons:
+                gid = group_of.get(next(iter(cons)))
             if gid is not None and all(group_of.get(c) == gid for c in cons):
                 folded_in[gid].append(f)
         return folded_in

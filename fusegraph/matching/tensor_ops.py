@@ -43,7 +43,7 @@ POINTWISE = {
     "aten.square.default", "aten.mish.default", "aten.logical_not.default", "aten.bitwise_not.default",
     "aten._to_copy.default", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
     "aten.pow.Tensor_Scalar", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor",
-    "aten.log_sigmoid_forward.default",
+    "aten.log_sigmoid_forward.default", "aten.expm1.default", "aten.log1p.default",
     # binary (Tensor and Scalar forms) and comparisons
     "aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar", "aten.rsub.Scalar",
     "aten.rsub.Tensor", "aten.mul.Tensor", "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar",
@@ -52,13 +52,16 @@ POINTWISE = {
     "aten.gt.Tensor", "aten.gt.Scalar", "aten.ge.Tensor", "aten.ge.Scalar", "aten.logical_and.default",
     "aten.logical_or.default", "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor", "aten.floor_divide.default",
     "aten.floor_divide.Scalar",
+    # in place, on state only (tensor_reason): xLSTM's ``cache.seqlen_offset += 1``
+    "aten.add_.Tensor", "aten.add_.Scalar", "aten.sub_.Tensor", "aten.sub_.Scalar", "aten.mul_.Tensor",
+    "aten.mul_.Scalar",
     # ternary
     "aten.where.self",
 }
 REDUCE = {
     "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.amax.default",
     "aten.amin.default", "aten.max.default", "aten.min.default", "aten._softmax.default",
-    "aten._log_softmax.default", "aten.logsumexp.default",
+    "aten._log_softmax.default", "aten.logsumexp.default", "aten.var.correction",
 }
 MATMUL = {"aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default"}
 MOVE = {
@@ -91,7 +94,8 @@ SCAN = {"aten.cumsum.default", "aten.cumprod.default"}
 #: the tokens-per-expert histogram its offsets come from
 GROUPED = {"transformers.grouped_mm_fallback.default", "aten._grouped_mm.default", "aten.histc.default"}
 #: ops the tensor path computes in place into a state tensor (every other in-place op is refused)
-STATE_WRITES = {"aten.copy_.default", "aten.index_copy_.default", "aten.index_put_.default"}
+STATE_WRITES = {"aten.copy_.default", "aten.index_copy_.default", "aten.index_put_.default"} | {
+    f"aten.{n}_.{form}" for n in ("add", "sub", "mul") for form in ("Tensor", "Scalar")}  # a counter's ``+= 1``
 #: the longest row a selection takes (longer than one tile, each chunk's top values are candidates: a vocabulary's
 #: argmax is 16 chunks of 8), and the largest k (rounds of 8)
 SELECT_MAX = 1 << 18

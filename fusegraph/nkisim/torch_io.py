@@ -90,17 +90,23 @@ class InterpretedKernel:
     def __call__(self, tensors: Mapping[str, torch.Tensor], shape_only: bool = False, assume: Any = None) -> list:
         """Run with kernel-ready arguments (see :meth:`prepare`); constants are supplied here."""
         args = []
+        copies = []  # int64 arguments the kernel sees as int32 copies: (tensor, copy, its values before the run)
         for name in self.kernel.args:
             t = tensors[name] if name in tensors else self.kernel.constants[name]
             if shape_only:
                 args.append(Abstract(tuple(t.shape) or (1,), _np_dtype(t.dtype)))
             else:
                 args.append(to_numpy(t))
+                if t.dtype == torch.int64:
+                    copies.append((t, args[-1], args[-1].copy()))
         kwargs = {"sbuf_budget": self.sbuf_budget} if self.sbuf_budget else {}
         out = run(self._fn, *args, lnc=self.lnc, target=self.target, shape_only=shape_only, assume=assume, **kwargs)
         outs = out if isinstance(out, tuple) else (out,)
         if shape_only:
             return list(outs)
+        for t, arr, before in copies:  # an in-place write of integer state (a step counter's += 1) lands in t
+            if not np.array_equal(arr, before):
+                t.copy_(torch.from_numpy(arr).reshape(t.shape))
         return [to_torch(o) for o in outs]
 
 

@@ -13,6 +13,7 @@ import torch
 from fusegraph.codegen.api import BF16_TOL, Builder, CaseProgram, OpCase, register_cases, tol_for
 
 from .layernorm import layernorm
+from .layernorm_offset import layernorm_offset
 from .lowering import RMSNorm
 from .rmsnorm import _fp32_weight, rmsnorm
 from .rmsnorm_offset import rmsnorm_offset
@@ -57,17 +58,24 @@ def _rmsnorm_offset(T: int, H: int, dtype: torch.dtype) -> CaseProgram:
                        lambda t: {"y": rmsnorm_offset(t["x"], t["w"], eps=1e-6, offset=1.0)})
 
 
-def _layernorm(T: int, H: int, dtype: torch.dtype, bias: bool) -> CaseProgram:
-    """Offset inputs (mean 3), so a kernel that forgot to subtract the mean cannot pass."""
+def _layernorm(T: int, H: int, dtype: torch.dtype, bias: bool, affine: bool = True,
+               offset: float = 0.0) -> CaseProgram:
+    """Offset inputs (mean 3), so a kernel that forgot to subtract the mean cannot pass. ``affine=False``: OLMo's
+    LayerNorm, no weight and no bias; ``offset``: Nemotron's, scaled by ``weight + offset``."""
     x, w = _inputs(T, H, dtype, seed=11 * H, shift=3.0)
     bt = (0.5 * torch.randn(H, generator=torch.Generator().manual_seed(H))).to(dtype)
     b = Builder(T)
     y = b.new("y", H, dtype)
-    b.ins.append(RMSNorm(x=b.act("x", x), weight=b.hbm("w", w), out=y, eps=1e-5, group=H, center=True,
-                         bias=b.hbm("bias", bt) if bias else None, layer=0))
+    if offset:
+        w = w - 1  # stored as its difference from 1
+    b.ins.append(RMSNorm(x=b.act("x", x), weight=b.hbm("w", w) if affine else None, out=y, eps=1e-5, group=H,
+                         center=True, bias=b.hbm("bias", bt) if bias else None, weight_offset=offset, layer=0))
     b.store(y)
-    inputs = {"x": x, "w": w, **({"bias": bt} if bias else {})}
-    return CaseProgram(b, inputs, lambda t: {"y": layernorm(t["x"], t["w"], t.get("bias"), eps=1e-5)})
+    inputs = {"x": x, **({"w": w} if affine else {}), **({"bias": bt} if bias else {})}
+    if offset:
+        return CaseProgram(b, inputs, lambda t: {"y": layernorm_offset(t["x"], t["w"], t.get("bias"), eps=1e-5,
+                                                                       offset=offset)})
+    return CaseProgram(b, inputs, lambda t: {"y": layernorm(t["x"], t.get("w"), t.get("bias"), eps=1e-5)})
 
 
 register_cases(__package__, [
@@ -80,4 +88,6 @@ register_cases(__package__, [
     OpCase("rmsnorm_offset_T1_H320_f32", lambda: _rmsnorm_offset(1, 320, F32)),
     OpCase("layernorm_bias_T3_H384_bf16", lambda: _layernorm(3, 384, BF16, bias=True), tol_for(BF16)),
     OpCase("layernorm_nobias_T1_H320_f32", lambda: _layernorm(1, 320, F32, bias=False)),
+    OpCase("layernorm_offset_T2_H256_f32", lambda: _layernorm(2, 256, F32, bias=True, offset=1.0)),
+    OpCase("layernorm_noaffine_T2_H256_f32", lambda: _layernorm(2, 256, F32, bias=False, affine=False)),
 ])

@@ -1,7 +1,7 @@
 """LayerNorm over the hidden state: ``layer_norm(x, (H,), weight, bias, eps)``.
 
 Decoders that use it instead of RMSNorm: StableLM, Phi(-2), GPT-NeoX/Pythia, Falcon, Persimmon (``nn.LayerNorm``,
-with bias), OLMo (no bias), Cohere (its own fp32 formula, no bias). Lowered by the RMSNorm template with the
+with bias), OLMo (no weight, no bias), Cohere (its own fp32 formula, no bias). Lowered by the RMSNorm template with the
 mean subtracted first (``ir.RMSNorm(center=True)``), in fp32, rounded once like ``torch.nn.functional.layer_norm``.
 """
 import torch
@@ -16,6 +16,8 @@ B = Input("bias", "H", kind="weight")
 
 
 def _check(m):
+    if "weight" not in m.inputs:  # no affine transform (OLMo's LayerNorm)
+        return True
     ok = norm_weight(m)
     if ok is not True:
         return ok
@@ -42,6 +44,12 @@ def layernorm(x, weight, bias=None, *, eps):
 @layernorm.implementation("nobias", inputs=[X, W])
 def _nobias(x, weight, *, eps):
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, None, eps)
+
+
+@layernorm.implementation("noaffine", inputs=[X])
+def _noaffine(x, *, eps):
+    """OLMo's ``OlmoLayerNorm``: ``layer_norm(x, (H,), None, None, eps)`` (no weight, no bias)."""
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), None, None, eps)
 
 
 @layernorm.implementation("fp32_formula", inputs=[X, W])

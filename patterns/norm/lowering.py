@@ -19,6 +19,7 @@ from fusegraph.codegen.api import (aten, CodegenError, Context, Emitted, inst_na
                                     nl_dtype, norm_param_chunk, per_token_features, PMAX, register_lowering,
                                     weights as W, x_tokens)
 from .layernorm import layernorm
+from .layernorm_offset import layernorm_offset
 from .rmsnorm import rmsnorm
 from .rmsnorm_offset import rmsnorm_offset
 
@@ -101,7 +102,7 @@ class RMSNorm(ir.Instruction):
             xc = xf - xf.mean(-1, keepdim=True)
             y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + self.eps)
             if self.weight is not None:
-                y = y * env[self.weight.name].float()
+                y = y * (env[self.weight.name].float() + self.weight_offset)
             if self.bias is not None:
                 y = y + env[self.bias.name].float()
             env[self.out.name] = y.to(self.out.dtype).reshape(self.out.shape)
@@ -138,7 +139,7 @@ def _layernorm_check(m: Any, graph: Any, tokens: int | None) -> str | None:
     return None
 
 
-@register_lowering(layernorm, check=_layernorm_check)
+@register_lowering(layernorm, layernorm_offset, check=_layernorm_check)
 def lower_layernorm(L: Lowerer, m: Any) -> None:
     """LayerNorm over the hidden state (nn.LayerNorm with or without bias, Cohere's fp32 form)."""
     x_node = L.input(m, "x")
@@ -146,7 +147,8 @@ def lower_layernorm(L: Lowerer, m: Any) -> None:
     group = int(L.node(x_node)["shape"][-1])
     if group != x.features:
         raise CodegenError(f"LayerNorm over {group} of {x.features} features (per-head LayerNorm) has no template")
-    w = L.hbm(L.input(m, "weight"))
+    w = L.hbm(L.input(m, "weight")) if "weight" in m.inputs else None
     b = L.hbm(m.inputs["bias"]) if m.inputs.get("bias") else None
     out = L.new_act(L.output(m), L.label(m))
-    L.emit(RMSNorm(x=x, weight=w, out=out, eps=float(m.params.get("eps", 1e-5)), group=group, center=True, bias=b), m)
+    L.emit(RMSNorm(x=x, weight=w, out=out, eps=float(m.params.get("eps", 1e-5)), group=group, center=True, bias=b,
+                   weight_offset=float(m.params.get("offset", 0.0) or 0.0)), m)

@@ -21,6 +21,15 @@ per step with every op in it, verified on its first call, and gives eager's toke
   own table (keyed by layout alone, every layer read the first one loaded and verification failed).
 * Cohere2-MoE: a step with host arithmetic on Python numbers (``_operator.add`` of a size) outside every region:
   the report files it as host arithmetic, not as an op left to eager (``eager_segments`` stays 0).
+* Gemma-3 (the multimodal class, text only): ``input_ids.clone()`` edited in place (image tokens) and read only by
+  the kernel: the copy joins the kernel's region instead of running as an eager launch nothing else reads; the
+  symbolic-size arithmetic of its recompiled graph is host arithmetic even where a generic host piece claimed it.
+* Nemotron: LayerNorm scaled by ``weight + 1`` (``fusegraph.layernorm_offset``).
+* Apertus: the xIELU activation (``expm1``, on the tensor path as ``exp(x) - 1``).
+* xLSTM: recurrent state read as an activation and written in place (the running max, loaded from its own state
+  argument), ``var`` in its multi-head norm, and ``cache.seqlen_offset += 1``: an int64 counter nothing in the step
+  reads, incremented in place in the kernel (its own unit, merged into the region it is independent of; the
+  interpreter's int32 copy written back).
 
 The whole sweep over every ``*ForCausalLM`` class is ``benchmarks/bench_families.py`` (slow test
 ``tests/test_family_sweep.py``).
@@ -44,14 +53,16 @@ STEPS = 3
 
 
 @pytest.mark.parametrize("family", ["DeepseekV3", "Lfm2", "Qwen3Next", "GptOss", "Cohere2Moe", "Bloom", "GPTJ",
-                                    "Inkling", "Gemma3"])
+                                    "Inkling", "Gemma3", "Gemma3ForConditionalGeneration", "Nemotron", "Apertus", "xLSTM"])
 def test_family_runs_as_one_kernel_with_every_op(family):
     toks_c, logits_c, toks_e, logits_e, msgs = decode_beside_eager(build_case(family), STEPS)
     session = last_session()
     stats = session.program.newest_execution()
     assert stats.launches_per_call == 1, msgs
     assert list(stats.verification.values()) == ["passed"]
-    assert report_for_session(session).coverage == 1.0
+    report = report_for_session(session)
+    assert report.coverage == 1.0
+    assert report.data.get("eager_segments") == 0, report.data.get("unmatched")
     assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))
     for a, b in zip(logits_c, logits_e):
         assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
@@ -72,5 +83,7 @@ def test_split_glue_over_a_kernel_value_stays_in_the_kernel():
     assert not [m for m in msgs if "not convex" in m or "eager path" in m and "tied values" not in m], msgs
     session = last_session()
     assert session.program.newest_execution().launches_per_call == 1
-    assert report_for_session(session).coverage == 1.0
+    report = report_for_session(session)
+    assert report.coverage == 1.0
+    assert report.data.get("eager_segments") == 0, report.data.get("unmatched")
     assert all(torch.equal(a, b) for a, b in zip(toks_c, toks_e))

@@ -432,6 +432,32 @@ def test_log_sigmoid_forward_and_its_buffer():
     assert torch.equal(ref[0], out)
 
 
+@pytest.mark.parametrize("dims,correction,keepdim", [([-1], 1, True), ([1, 2], 0, False), (None, 1, False)],
+                         ids=["last_unbiased_keepdim", "two_dims_biased", "all"])
+def test_var_correction(dims, correction, keepdim):
+    """``x.var(dims, correction=c)`` (xLSTM's multi-head norm): the mean, then squared deviations, over inputs
+    offset far from 0 (mean 50), where ``E[x^2] - E[x]^2`` would lose the variance to cancellation."""
+    x = torch.randn(3, 4, 16, generator=_g(16)) + 50
+    got, ref, _, _ = _one_op(A.var.correction, (x, dims), {"correction": correction, "keepdim": keepdim})
+    want = A.var.correction(x, dims, correction=correction, keepdim=keepdim)
+    assert got[0].numel() == want.numel()  # (a 0-d result comes back as one element)
+    assert torch.allclose(got[0].reshape(want.shape), want, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(ref[0].reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("target", [A.expm1.default, A.log1p.default], ids=["expm1", "log1p"])
+def test_expm1_and_log1p(target):
+    """expm1 (Apertus' xIELU activation) and log1p: exp(x) - 1 and log(1 + x) on the Scalar engine, within fp32's
+    absolute rounding of the 1 (relative precision near 0 is eager's alone)."""
+    x = torch.randn(5, 300, generator=_g(15)) * 3
+    if target is A.log1p.default:
+        x = x.abs() - 0.9  # > -1
+    got, ref, _, _ = _one_op(target, (x,))
+    want = target(x)
+    assert torch.allclose(got[0], want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(ref[0], want)
+
+
 @pytest.mark.parametrize("case", GROUPED_CASES, ids=str)
 def test_grouped_moe_ops_equal_eager(case):
     """HF's grouped-MoE path (issue 27): each row against its own expert's weights (read by indirect DMA),

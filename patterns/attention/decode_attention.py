@@ -96,6 +96,47 @@ def _sdpa_additive_shared_mask(q, k, v, mask, *, scale):
     return _sdpa_additive(q, k, v, mask, scale=scale)
 
 
+def _check_sinks(m):
+    ok = _check(m)
+    if ok is not True:
+        return ok
+    q, s = m.inputs["q"], m.inputs["sinks"]
+    if s.shape is None or tuple(s.shape) != (q.shape[1],):
+        return f"sinks {s.shape} are not one logit per query head ({q.shape[1]})"
+    return True
+
+
+@register_pattern(
+    "fusegraph.decode_attention_sinks",
+    template="decode_attention",
+    priority=32,
+    inputs=[Q, K, V, Input("mask", "B 1 1 L"), Input("sinks", "KV*G", kind="weight")],
+    params={"scale": 0.125},
+    # one sequence: the sinks' expand to the batch is a no-op, which canonicalization folds (its own trace)
+    cases=[{"mask_form": "additive"}, {"G": 1, "mask_form": "additive"}, {"B": 1, "mask_form": "additive"},
+           {"B": 1, "G": 1, "mask_form": "additive"}],
+    dims={"B": (2, 5), "KV": (2, 3), "G": (3, 4), "L": (16, 20), "D": (8, 12)},
+    check=_check_sinks,
+    derive=_derive,
+    derived=("num_key_value_groups",),
+)
+def decode_attention_sinks(q, k, v, mask, sinks, *, scale):
+    """GPT-OSS: one learned logit per query head (a "sink") joins each row's softmax, and its probability is
+    dropped: ``softmax(cat([q @ k.T * scale + mask, sink]) - max)[..., :-1] @ v``."""
+    groups = q.shape[1] // k.shape[1]
+    key_states = repeat_kv(k, groups)
+    value_states = repeat_kv(v, groups)
+    attn_weights = torch.matmul(q, key_states.transpose(2, 3)) * scale
+    attn_weights = attn_weights + mask
+    s = sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)
+    combined = torch.cat([attn_weights, s], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    probs = torch.nn.functional.softmax(combined, dim=-1, dtype=combined.dtype)
+    scores = probs[..., :-1]
+    attn_weights = torch.nn.functional.dropout(scores, p=0.0, training=False).to(value_states.dtype)
+    return torch.matmul(attn_weights, value_states)
+
+
 @register_pattern(
     "fusegraph.decode_attention_softcap",
     template="decode_attention",

@@ -1,4 +1,5 @@
-"""Grouped-query decode attention over a static KV cache with an additive mask (+ Gemma 2 soft-capping).
+"""Grouped-query decode attention over a static KV cache with an additive mask (+ Gemma 2 soft-capping, GPT-OSS's
+attention sinks: one more logit per query head in the softmax's max and sum, its probability dropped).
 
 Two templates, chosen by the cache length (:func:`stream_plan`):
 
@@ -55,7 +56,7 @@ from fusegraph.codegen.api import (aten, code, CodegenError, Context, Emitted, e
 from fusegraph.nkisim.targets import get_target
 
 from . import blocks
-from .decode_attention import decode_attention, decode_attention_softcap
+from .decode_attention import decode_attention, decode_attention_sinks, decode_attention_softcap
 
 V = ir.ValueKind
 
@@ -378,6 +379,10 @@ class Attention(ir.Instruction):
     #: reads only the blocks up to it. None: every block (a full sliding window, no KV write in the kernel)
     index: ir.Value | None = None
     block: int = 0  # force the streamed template with blocks of this many positions (0: by the cache length)
+    #: WEIGHT [Hq]: GPT-OSS's attention sinks, one logit per query head in each row's softmax (None: none). The
+    #: single pass takes the sink into the row's max (exact like eager); the streamed template adds
+    #: exp(sink - max of the scores) to the sum at the end, finite while a sink is under the row's largest score + 88
+    sinks: ir.Value | None = None
 
     def constrain(self, c: ir.Constraints) -> None:
         c.heads(self.q, self.k_cache.shape[-1])
@@ -475,8 +480,16 @@ class Attention(ir.Instruction):
                softcap=repr(float(cap)) if cap else "", inv_softcap=repr(1.0 / cap) if cap else "",
                scale_over_cap=repr(float(self.scale) / cap) if cap else "",
                g_range=expr("exprs.j2", "core_range", per_core=per_core, total=Hkv),
-               half=per_core * G if per_core else 0, whole=L > PMAX and L % PMAX == 0, split=S, P=lay.P)
+               half=per_core * G if per_core else 0, whole=L > PMAX and L % PMAX == 0, split=S, P=lay.P,
+               **self._sink_args(ctx, v))
         return e
+
+    def _sink_args(self, ctx: Context, v: str) -> dict[str, str]:
+        """The templates' sink variables (empty ``sinks``: no sinks)."""
+        if self.sinks is None:
+            return {"sinks": ""}
+        return {"sinks": ctx.var(self.sinks), "sinks_dtype": nl_dtype(self.sinks.dtype), "sk": f"{v}_sk",
+                "skn": f"{v}_skn", "ske": f"{v}_ske"}
 
     def _emit_streamed(self, ctx: Context, plan: tuple[int, int], **paged: Any) -> Emitted:
         """The streamed template; ``paged`` (from :class:`~.paged_attention.PagedAttention`): the K/V loads become
@@ -558,7 +571,8 @@ class Attention(ir.Instruction):
                mask_min=repr(float(torch.finfo(self.mask.dtype).min)), kt_dma=kt_dma, kv_rows=kv_rows, pipe=pipe,
                prefetch=prefetch, bL0=Lr if odd_first else Lb, pg=pg, RR=pg * R, gq_rows=PMAX // pg,
                fold=ctx.consts.get(f"fold_{pg}x{R}", ""), choice_note=choice.note() if choice else "",
-               **{"paged": False, "segments": [], "table": "", "MB": 0, **paged}, **names)
+               **{"paged": False, "segments": [], "table": "", "MB": 0, **paged}, **names,
+               **self._sink_args(ctx, v))
         e.code("attention_stream.j2", early=False, **tctx)
         if prefetch:
             e.early.append(code("attention_stream.j2", early=True, **tctx))
@@ -584,6 +598,13 @@ class Attention(ir.Instruction):
         if self.softcap:
             scores = torch.tanh(scores / self.softcap) * self.softcap
         scores = scores + (mask if self.rounding == "eager" else mask.float())
+        if self.sinks is not None:  # GPT-OSS: the sink joins the row's max and sum; its probability is dropped
+            sink = env[self.sinks.name].reshape(1, -1, 1, 1).expand(B, -1, 1, 1).to(scores.dtype)
+            scores = torch.cat([scores, sink], dim=-1)
+            scores = scores - scores.amax(dim=-1, keepdim=True)
+            p = torch.softmax(scores, dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
+            env[self.out.name] = torch.matmul(p, v).reshape(self.out.shape)
+            return
         p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         env[self.out.name] = torch.matmul(p, v).reshape(self.out.shape)
 
@@ -607,7 +628,8 @@ def shared_mask_rows(mask: torch.Tensor, *, rows: int, boolean: bool) -> torch.T
     return mask.reshape(1, mask.shape[-1]).expand(rows, mask.shape[-1])
 
 
-@register_lowering(decode_attention, decode_attention_softcap, check=_check, instructions=[Attention])
+@register_lowering(decode_attention, decode_attention_softcap, decode_attention_sinks, check=_check,
+                   instructions=[Attention])
 def lower_attention(L: Lowerer, m: Any) -> None:
     q_node = L.input(m, "q")
     q = L.act(q_node, L.views(m, "q"))
@@ -635,8 +657,9 @@ def lower_attention(L: Lowerer, m: Any) -> None:
     # the positions this step's KV write of these keys uses bound what a streamed attention reads (positions
     # after the one a sequence writes are masked: HF's causal masks, the serving steps' length masks)
     index = kv_positions(L).get(k.name)
+    sinks = L.hbm(L.input(m, "sinks")) if m.inputs.get("sinks") else None  # GPT-OSS: read as it is, [Hq]
     L.emit(Attention(q=q, k_cache=k, v_cache=v, mask=mask, out=out, scale=scale, groups=groups, rounding=rounding,
-                     softcap=float(m.params.get("softcap") or 0.0), index=index), m)
+                     softcap=float(m.params.get("softcap") or 0.0), index=index, sinks=sinks), m)
 
 
 def _settings_switches(settings: Any) -> contextlib.AbstractContextManager:

@@ -180,6 +180,27 @@ def _roll_dim(code: Code, ctx: Context, out: TRef, x: TRef, shift: int, dim: int
     return 0
 
 
+#: the longest dim a flip reverses (one copy per index)
+FLIP_MAX = 64
+
+
+@register_emitter("aten.flip.default")
+def _flip(ins: TensorOp, ctx: Context, code: Code) -> int:
+    """``x.flip(dims)`` (Inkling-2's short convolution reverses its window): one copy per index of each flipped
+    dim, index i to n - 1 - i (an access pattern cannot step backwards), for dims of up to FLIP_MAX."""
+    x, dims = ins.args[0], ins.args[1]
+    dims = sorted({d % len(x.shape) for d in ([dims] if isinstance(dims, int) else dims)}, reverse=True)
+    if any(x.shape[d] > FLIP_MAX for d in dims):
+        raise CodegenError(f"flip of a dim longer than {FLIP_MAX} ({[x.shape[d] for d in dims]})")
+    pairs = [(_out(ins), x)]
+    for d in dims:
+        n = x.shape[d]
+        pairs = [(select(o, d, i), select(src, d, n - 1 - i)) for o, src in pairs for i in range(n)]
+    for k, (o, src) in enumerate(pairs):
+        copy_view(code, ctx, o, src, f"{ins.name_stem()}.{k}")
+    return 0
+
+
 @register_emitter("aten.repeat.default")
 def _repeat(ins: TensorOp, ctx: Context, code: Code) -> int:
     x, reps = ins.args[0], list(ins.args[1])

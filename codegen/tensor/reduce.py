@@ -135,6 +135,47 @@ def _softmax(ins: TensorOp, ctx: Context, code: Code) -> int:
     return scratch[0]
 
 
+class _SquareSum(_Reduction):
+    """``linalg_vector_norm(x, 2, dims)``: the sum of squares accumulated like a sum, its square root stored."""
+
+    def body(self, tile: Tile) -> None:
+        code, shape = self.code, tile.shape()
+        t = tile_alloc(code, shape, self.x.dtype, self.name, "x")
+        code(f"nisa.dma_copy(dst={t}, src={tile.ap(self.ctx.var(self.x.value), self.x)}, name=\"{self.name}.load\")")
+        sq = tile_alloc(code, shape, torch.float32, self.name, "sq")
+        code(f"nisa.tensor_tensor(dst={sq}, data1={t}, data2={t}, op=nl.multiply, name=\"{self.name}.sq\")")
+        part = tile_alloc(code, (tile.p, 1), torch.float32, self.name, "part")
+        axes = tuple(range(1, len(shape)))
+        code(f"nisa.tensor_reduce(dst={part}, op=nl.add, data={sq}, axis={axes}, name=\"{self.name}\")")
+        code(f"nisa.tensor_tensor(dst={self.acc}, data1={self.acc}, data2={part}, op=nl.add, name=\"{self.name}.acc\")")
+        self.scratch = max(self.scratch, tile_bytes(shape, self.x.dtype) + tile_bytes(shape, torch.float32) + 16)
+
+    def after(self, tile: Tile) -> None:
+        code = self.code
+        res = tile_alloc(code, (tile.p, 1), torch.float32, self.name, "norm")
+        code(f"nisa.activation(dst={res}, op=nl.sqrt, data={self.acc}, name=\"{self.name}.sqrt\")")
+        code(f"nisa.dma_copy(dst={tile.ap(self.ctx.var(self.out.value), self.out, dims=())}, src={res}, "
+             f"name=\"{self.name}.store\")")
+
+
+@register_emitter("aten.linalg_vector_norm.default")
+def _vector_norm(ins: TensorOp, ctx: Context, code: Code) -> int:
+    """The L2 norm over ``dims`` (Inkling-2's q/k norms and their clips); other orders are refused."""
+    x: TRef = ins.args[0]
+    order = ins.args[1] if len(ins.args) > 1 else ins.kwargs.get("ord", 2)
+    if float(order) != 2.0 or ins.kwargs.get("dtype") is not None:
+        raise CodegenError(f"{ins.op} of order {order}" + (" with a dtype" if ins.kwargs.get("dtype") else ""))
+    rank = len(x.shape)
+    dims = ins.args[2] if len(ins.args) > 2 else ins.kwargs.get("dim")
+    if dims is None or dims == []:
+        dims = list(range(rank))
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    dims = tuple(sorted(d % rank for d in dims))
+    r = _SquareSum(ins, ctx, code, x, dims, "add", 1.0)
+    walk(code, plan(x.shape, inner=dims, loops_outer=True), r.body, before=r.before, after=r.after)
+    return r.scratch
+
+
 @register_emitter("aten.var.correction")
 def _var(ins: TensorOp, ctx: Context, code: Code) -> int:
     """``x.var(dims, correction=c)`` (xLSTM's multi-head norm): two passes over one tile of the reduced dims, the

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
+
 from ..program import Program
 from .eager import build_plan
 from .kernels import KernelPlan
@@ -40,11 +42,35 @@ def build_steps(program: Program, graph_index: int, plans: Sequence[KernelPlan],
                 if G.edges[a, n].get("hazard") or G.nodes[a]["graph"] != G.nodes[n]["graph"]:
                     continue
                 if a not in available and a in owner:
-                    return [], (owner[a], a)
+                    if not _empty(G.nodes[a]):
+                        return [], (owner[a], a)
+                    steps.append(_empty_step(a, G.nodes[a]))
+                    available.add(a)
             steps.extend(build_plan(program, [n]))
             available.add(n)
     for o in program.captured(graph_index).outputs:
         node = getattr(o, "node", None)
         if node is not None and node not in available and node in owner:
-            return [], (owner[node], node)
+            if not _empty(G.nodes[node]):
+                return [], (owner[node], node)
+            steps.append(_empty_step(node, G.nodes[node]))
+            available.add(node)
     return steps, None
+
+
+def _empty(d: dict) -> bool:
+    """A value with no elements (Inkling-2's ``new_zeros(..., 0, ...)`` cat operand): nothing to hand over, so a
+    kernel need not output it; the eager op that reads it gets a fresh empty tensor of its shape and type."""
+    shape = d.get("shape")
+    return (isinstance(shape, tuple) and any(isinstance(s, int) and s == 0 for s in shape)
+            and isinstance(d.get("dtype"), str))
+
+
+def _empty_step(node: str, d: dict) -> tuple:
+    """An eager step making ``node``'s empty value (on the device of the step's tensors)."""
+    shape, dtype = tuple(d["shape"]), getattr(torch, d["dtype"])
+
+    def kwargs(env: dict) -> dict:
+        device = next((v.device for v in env.values() if isinstance(v, torch.Tensor)), None)
+        return {"dtype": dtype, "device": device}
+    return (node, torch.empty, lambda env: (shape,), kwargs)

@@ -62,13 +62,14 @@ REDUCE = {
     "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.amax.default",
     "aten.amin.default", "aten.max.default", "aten.min.default", "aten._softmax.default",
     "aten._log_softmax.default", "aten.logsumexp.default", "aten.var.correction",
+    "aten.linalg_vector_norm.default",
 }
 MATMUL = {"aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default"}
 MOVE = {
     "aten.cat.default", "aten.copy_.default", "aten.copy.default", "aten.constant_pad_nd.default",
     "aten.slice_scatter.default", "aten.select_scatter.default", "aten.roll.default", "aten.stack.default",
     "aten.repeat.default", "aten.fill.Scalar", "aten.zeros_like.default", "aten.ones_like.default",
-    "aten.full_like.default",
+    "aten.full_like.default", "aten.flip.default",
 }
 CONST = {
     "aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.arange.default", "aten.arange.start",

@@ -445,6 +445,29 @@ def test_var_correction(dims, correction, keepdim):
     assert torch.allclose(ref[0].reshape(want.shape), want)
 
 
+@pytest.mark.parametrize("dims,keepdim", [([-1], True), ([0, 2], False), (None, False)],
+                         ids=["last_keepdim", "two_dims", "all"])
+def test_linalg_vector_norm(dims, keepdim):
+    """The L2 norm (Inkling-2's q/k norms): squares summed in fp32 over the dims, then the square root; over a
+    row longer than one tile too (3000 > 2048 elements per partition: chunks into one accumulator)."""
+    for shape in ((3, 4, 16), (2, 3000)):
+        x = torch.randn(*shape, generator=_g(17))
+        d = dims if len(shape) == 3 else [-1]
+        got, ref, _, _ = _one_op(A.linalg_vector_norm.default, (x, 2, d, keepdim))
+        want = A.linalg_vector_norm.default(x, 2, d, keepdim)
+        assert torch.allclose(got[0].reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+        assert torch.allclose(ref[0].reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("dims", [[-1], [0, 2], [1]], ids=["last", "two_dims", "middle"])
+def test_flip(dims):
+    """``flip`` (Inkling-2's short-convolution window): exact, over one dim or two."""
+    x = torch.randn(6, 4, 3, generator=_g(18))
+    got, ref, _, _ = _one_op(A.flip.default, (x, dims))
+    want = A.flip.default(x, dims)
+    assert torch.equal(got[0].reshape(want.shape), want) and torch.equal(ref[0].reshape(want.shape), want)
+
+
 @pytest.mark.parametrize("target", [A.expm1.default, A.log1p.default], ids=["expm1", "log1p"])
 def test_expm1_and_log1p(target):
     """expm1 (Apertus' xIELU activation) and log1p: exp(x) - 1 and log(1 + x) on the Scalar engine, within fp32's

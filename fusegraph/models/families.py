@@ -599,7 +599,11 @@ class FamilyCase(DecodeCase):
         return out.logits
 
     def fork(self) -> "FamilyCase":
-        return dataclasses.replace(self, cache=copy.deepcopy(self.cache))
+        """An independent copy to decode beside this one: the cache and the model too, because some families keep
+        recurrent state in their modules (RecurrentGemma's recurrent and convolution states live in its layers,
+        not in the cache): a fork sharing the model would carry the other run's state (its eager reference
+        diverged from step 2, with fusegraph not involved at all)."""
+        return dataclasses.replace(self, model=copy.deepcopy(self.model), cache=copy.deepcopy(self.cache))
 
     def cache_tensors(self) -> list[torch.Tensor]:
         layers = getattr(self.cache, "layers", None)

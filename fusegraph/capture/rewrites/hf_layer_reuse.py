@@ -156,7 +156,16 @@ def _enabled() -> bool:
 
 
 def applies(module: torch.nn.Module) -> bool:
-    return _enabled() and isinstance(_layer_idx(module), int)
+    return _enabled() and isinstance(_layer_idx(module), int) and _one_cache_layer(module)
+
+
+def _one_cache_layer(module: torch.nn.Module) -> bool:
+    """Every submodule that names a cache layer (``layer_idx``) names the decoder layer's own: the region hands the
+    layer that one cache layer. LongCat-Flash's decoder layer holds two attentions on cache layers ``2i`` and
+    ``2i + 1``: both would have updated the one stand-in layer (wrong logits, even on the eager path)."""
+    idx = _layer_idx(module)
+    return all(getattr(m, "layer_idx", idx) == idx for m in module.modules()
+               if isinstance(getattr(m, "layer_idx", None), int))
 
 
 def _layer_idx(module: torch.nn.Module) -> Any:

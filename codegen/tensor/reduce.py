@@ -48,6 +48,13 @@ def out_aligned(out: TRef, shape: tuple[int, ...], dims: tuple[int, ...]) -> TRe
     return TRef(out.value, shape, strides, out.offset)
 
 
+def _load(code: Code, ctx: Context, tile: Tile, x: TRef, name: str) -> tuple[str, tuple[int, ...]]:
+    """One tile of ``x`` loaded into SBUF, and the free axes a reduction over it reduces (all but the partitions)."""
+    t = tile_alloc(code, tile.shape(), x.dtype, name, "x")
+    code(f"nisa.dma_copy(dst={t}, src={tile.ap(ctx.var(x.value), x)}, name=\"{name}.load\")")
+    return t, tuple(range(1, len(tile.shape())))
+
+
 class _Reduction:
     """One reduction's tiles: accumulator set before the chunks of a row tile, one reduce per chunk, the scaled
     result stored after the last chunk."""
@@ -67,10 +74,8 @@ class _Reduction:
 
     def body(self, tile: Tile) -> None:
         code, shape = self.code, tile.shape()
-        t = tile_alloc(code, shape, self.x.dtype, self.name, "x")
-        code(f"nisa.dma_copy(dst={t}, src={tile.ap(self.ctx.var(self.x.value), self.x)}, name=\"{self.name}.load\")")
+        t, axes = _load(code, self.ctx, tile, self.x, self.name)
         part = tile_alloc(code, (tile.p, 1), torch.float32, self.name, "part")
-        axes = tuple(range(1, len(shape)))
         code(f"nisa.tensor_reduce(dst={part}, op=nl.{self.alu}, data={t}, axis={axes}, name=\"{self.name}\")")
         code(f"nisa.tensor_tensor(dst={self.acc}, data1={self.acc}, data2={part}, op=nl.{self.alu}, "
              f"name=\"{self.name}.acc\")")
@@ -117,9 +122,7 @@ def _softmax(ins: TensorOp, ctx: Context, code: Code) -> int:
 
     def body(tile: Tile) -> None:
         shape = tile.shape()
-        axes = tuple(range(1, len(shape)))
-        t = tile_alloc(code, shape, x.dtype, name, "x")
-        code(f"nisa.dma_copy(dst={t}, src={tile.ap(ctx.var(x.value), x)}, name=\"{name}.load\")")
+        t, axes = _load(code, ctx, tile, x, name)
         m, negm, s = (tile_alloc(code, (tile.p, 1), torch.float32, name, w) for w in ("max", "negmax", "sum"))
         code(f"nisa.tensor_reduce(dst={m}, op=nl.maximum, data={t}, axis={axes}, name=\"{name}.max\")")
         code(f"nisa.tensor_scalar(dst={negm}, data={m}, op0=nl.multiply, operand0=-1.0, name=\"{name}.negmax\")")
@@ -140,12 +143,10 @@ class _SquareSum(_Reduction):
 
     def body(self, tile: Tile) -> None:
         code, shape = self.code, tile.shape()
-        t = tile_alloc(code, shape, self.x.dtype, self.name, "x")
-        code(f"nisa.dma_copy(dst={t}, src={tile.ap(self.ctx.var(self.x.value), self.x)}, name=\"{self.name}.load\")")
+        t, axes = _load(code, self.ctx, tile, self.x, self.name)
         sq = tile_alloc(code, shape, torch.float32, self.name, "sq")
         code(f"nisa.tensor_tensor(dst={sq}, data1={t}, data2={t}, op=nl.multiply, name=\"{self.name}.sq\")")
         part = tile_alloc(code, (tile.p, 1), torch.float32, self.name, "part")
-        axes = tuple(range(1, len(shape)))
         code(f"nisa.tensor_reduce(dst={part}, op=nl.add, data={sq}, axis={axes}, name=\"{self.name}\")")
         code(f"nisa.tensor_tensor(dst={self.acc}, data1={self.acc}, data2={part}, op=nl.add, name=\"{self.name}.acc\")")
         self.scratch = max(self.scratch, tile_bytes(shape, self.x.dtype) + tile_bytes(shape, torch.float32) + 16)
@@ -199,9 +200,7 @@ def _var(ins: TensorOp, ctx: Context, code: Code) -> int:
 
     def body(tile: Tile) -> None:
         shape = tile.shape()
-        axes = tuple(range(1, len(shape)))
-        t = tile_alloc(code, shape, x.dtype, name, "x")
-        code(f"nisa.dma_copy(dst={t}, src={tile.ap(ctx.var(x.value), x)}, name=\"{name}.load\")")
+        t, axes = _load(code, ctx, tile, x, name)
         s, negm, ss = (tile_alloc(code, (tile.p, 1), torch.float32, name, w) for w in ("sum", "negmean", "sumsq"))
         code(f"nisa.tensor_reduce(dst={s}, op=nl.add, data={t}, axis={axes}, name=\"{name}.sum\")")
         code(f"nisa.tensor_scalar(dst={negm}, data={s}, op0=nl.multiply, operand0={-1.0 / n!r}, "

@@ -169,10 +169,7 @@ class _RegionFormation:
                     continue
                 self.decisions.append(Decision("merge", h.label, "independent of it (no edge between them): one "
                                                "kernel computes both", other=g.label))
-                h.members |= g.members
-                h.bits, h.anc, h.desc = bits, h.anc | g.anc, h.desc | g.desc
-                h.matches += g.matches
-                self.parent[g.id] = h.id
+                _union(h, g, bits, h.label, self.parent)
                 break
 
     def merge_pass(self, pending: list[tuple[str, str]]) -> tuple[list[tuple[str, str, str]], bool]:
@@ -334,7 +331,11 @@ def _merge(cv: CanonicalView, ga: _Group, gb: _Group, u: str, v: str, bits: int,
         decisions.append(Decision("span_break", ga.label, f"region spans the break after graph {D.nodes[u]['graph']}"
                                   f" ({u} reaches {v} untouched by Python)", other=gb.label, nodes=(u, v)))
     decisions.append(Decision(action, ga.label, reason, other=gb.label))
-    label = ga.label if ga.matches or not gb.matches else gb.label
+    _union(keep, gone, bits, ga.label if ga.matches or not gb.matches else gb.label, parent)
+
+
+def _union(keep: _Group, gone: _Group, bits: int, label: str, parent: dict[int, int]) -> None:
+    """``gone``'s members, reach and matches into ``keep`` (whose bits become ``bits``), ``gone`` under it."""
     keep.members |= gone.members
     keep.bits = bits
     keep.anc |= gone.anc

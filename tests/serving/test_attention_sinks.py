@@ -6,17 +6,19 @@ the reference VM: fp32 and bf16, one block and several, row groups, and LNC=2 wi
 two cores' states combined first). And the pattern on HF's GPT-OSS: every layer's attention matches it."""
 import contextlib
 import dataclasses
+import os
+import sys
 
 import pytest
 import torch
 
-from fusegraph.codegen import ir
-from fusegraph.codegen.testing import Builder, V
 from fusegraph.nkiapi.conformance import check_source
 from fusegraph.patterns.attention import lowering as attention
 from fusegraph.patterns.attention.decode_attention import decode_attention, decode_attention_sinks
 
-NEG = torch.finfo(torch.float32).min
+sys.path.insert(0, os.path.dirname(__file__))
+from test_stream_attention import _program as stream_program  # noqa: E402
+
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -27,29 +29,11 @@ def switch():
 
 
 def _program(dtype, pos, L, Hq, Hkv, D=64, block=0):
-    """KV writes at ``pos`` + attention with sinks over the written cache, masked after each position. Sinks around
-    the largest scores (mean 6, spread 2: GPT-OSS's trained sinks are of their order), so they change the outputs."""
-    torch.manual_seed(5)
-    B = len(pos)
-    b = Builder(B)
-    q = b.act("q", (2 * torch.randn(B, Hq * D)).to(dtype))
-    kc = b.hbm("k_cache", torch.randn(B, Hkv, L, D, dtype=dtype), V.STATE)
-    vc = b.hbm("v_cache", torch.randn(B, Hkv, L, D, dtype=dtype), V.STATE)
-    mask = torch.zeros(B, L)
-    for i, p in enumerate(pos):
-        mask[i, p + 1:] = NEG
-    m = b.hbm("mask", mask.to(dtype), V.INPUT)
-    sinks = b.hbm("sinks", (6 + 2 * torch.randn(Hq)).to(dtype))
-    idx = b.hbm("kv_idx", torch.tensor(pos, dtype=torch.int32), V.INPUT)
-    k = b.act("k", torch.randn(B, Hkv * D, dtype=dtype))
-    v = b.act("v", torch.randn(B, Hkv * D, dtype=dtype))
-    b.ins.append(ir.KVWrite(cache=kc, value=k, index=idx, layer=0))
-    b.ins.append(ir.KVWrite(cache=vc, value=v, index=idx, layer=0))
-    o = b.new("o", Hq * D, dtype)
-    b.ins.append(ir.Attention(q=q, k_cache=kc, v_cache=vc, mask=m, out=o, scale=D ** -0.5, groups=Hq // Hkv,
-                              index=idx, block=block, sinks=sinks, layer=0))
-    b.store(o)
-    return b
+    """KV writes at ``pos`` + attention with sinks over the written cache, masked after each position
+    (test_stream_attention's program). Sinks around the largest scores (mean 6, spread 2: GPT-OSS's trained sinks are
+    of their order), so they change the outputs."""
+    sinks = 6 + 2 * torch.randn(Hq, generator=torch.Generator().manual_seed(Hq * L))
+    return stream_program(dtype, pos, L, Hq, Hkv, D, block=block, sinks=sinks)
 
 
 def _eager(b, ref, Hq, D, sinks=True):

@@ -30,8 +30,9 @@ def switch():
 NEG = torch.finfo(torch.float32).min
 
 
-def _program(dtype, pos, L, Hq, Hkv, D=64, block=0, write=True, softcap=0.0):
-    """KV writes at ``pos`` (one position per sequence) + attention over the written cache with a length mask."""
+def _program(dtype, pos, L, Hq, Hkv, D=64, block=0, write=True, softcap=0.0, sinks=None):
+    """KV writes at ``pos`` (one position per sequence) + attention over the written cache with a length mask
+    (``sinks``: GPT-OSS's per-head sink logits, a weight argument named ``sinks``)."""
     torch.manual_seed(11)
     B = len(pos)
     b = Builder(B)
@@ -50,8 +51,9 @@ def _program(dtype, pos, L, Hq, Hkv, D=64, block=0, write=True, softcap=0.0):
         b.ins.append(ir.KVWrite(cache=kc, value=k, index=idx, layer=0))
         b.ins.append(ir.KVWrite(cache=vc, value=v, index=idx, layer=0))
     o = b.new("o", Hq * D, dtype)
+    sv = b.hbm("sinks", sinks.to(dtype)) if sinks is not None else None
     b.ins.append(ir.Attention(q=q, k_cache=kc, v_cache=vc, mask=m, out=o, scale=D ** -0.5, groups=Hq // Hkv,
-                              softcap=softcap, index=idx, block=block, layer=0))
+                              softcap=softcap, index=idx, block=block, sinks=sv, layer=0))
     b.store(o)
     return b
 

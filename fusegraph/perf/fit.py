@@ -163,15 +163,27 @@ def fit(view: KernelView, hw: HardwareParams, targets: Mapping[str, float], *,
     bound), the step halved when no move improves, until ``min_step`` or ``max_evaluations``.
     ``evaluator`` replaces the re-costing (tests); ``sources`` names the published figure behind each target
     (so :func:`held_out` can refuse to "validate" on a figure the fit used)."""
-    bad = [p for p in params if p not in FITTABLE]
-    if bad:
-        raise ValueError(f"not low-confidence parameters a fit may change: {', '.join(bad)}")
     unknown = [k for k in targets if k not in FIGURES]
     if unknown:
         raise ValueError(f"unknown figures {unknown}; known: {FIGURES}")
+    return search(evaluator or (lambda values: evaluate(view, hw, values, layers)), hw, targets, params=params,
+                  bounds=bounds, weights=weights, prior=prior, max_evaluations=max_evaluations, min_step=min_step,
+                  sources=sources)
+
+
+def search(evaluate_at: Callable[[Mapping[str, float]], dict[str, float]], hw: HardwareParams,
+           targets: Mapping[str, float], *, params: Sequence[str] = FITTABLE,
+           bounds: Mapping[str, Bound] | None = None, weights: Mapping[str, float] | None = None,
+           prior: float = 1e-3, max_evaluations: int = 1500, min_step: float = 1.0 / 256,
+           sources: Mapping[str, str] | None = None) -> FitResult:
+    """The fit itself, for any figures: ``evaluate_at(values)`` returns modeled figures keyed like ``targets``
+    (one kernel's per-layer figures for :func:`fit`; several kernels' figures, keyed ``kernel:figure``, for a joint
+    fit). Starts from ``hw``'s values of ``params``; see :func:`fit` for the objective."""
+    bad = [p for p in params if p not in FITTABLE]
+    if bad:
+        raise ValueError(f"not low-confidence parameters a fit may change: {', '.join(bad)}")
     bounds = {p: (bounds or BOUNDS)[p] for p in params}
     weights = dict(weights or {})
-    evaluate_at = evaluator or (lambda values: evaluate(view, hw, values, layers))
     start = {p: float(getattr(hw, p)) for p in params}
     u0 = [_to_unit(bounds[p], start[p]) for p in params]
     cache: dict[tuple[float, ...], tuple[float, dict[str, float]]] = {}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from .costmodel import Estimate, estimate_kernel
-from .fit import FitResult, layer_figures, search
+from .fit import FitResult, Measured, layer_figures, relative_error, search
 from .kernelview import KernelView
 from .params import FITTABLE, HardwareParams
 
@@ -33,13 +33,13 @@ SEP = ":"
 class MeasuredKernel:
     """A kernel whose figures were measured on hardware, as the cost model sees it.
 
-    ``targets`` are seconds keyed by the names ``figures`` returns (default: :func:`~fusegraph.perf.fit.layer_figures`
+    ``targets`` are seconds (or ``(low, high)`` where the source bounds the figure) keyed by the names ``figures`` returns (default: :func:`~fusegraph.perf.fit.layer_figures`
     -- per-layer wall, per-engine busy time, DMA active); ``sources`` names the published figure behind each;
     ``weights`` weigh figures within the kernel (a kernel's figures together weigh 1 in a joint fit)."""
 
     name: str
     view: KernelView
-    targets: Mapping[str, float]
+    targets: Mapping[str, Measured]
     sources: Mapping[str, str]
     layers: int | None = None
     weights: Mapping[str, float] = field(default_factory=dict)
@@ -52,8 +52,8 @@ class MeasuredKernel:
         return (self.figures or layer_figures)(est, self.layers)
 
     def errors(self, modeled: Mapping[str, float]) -> dict[str, float]:
-        """Relative error (modeled - measured) / measured of each measured figure."""
-        return {k: (modeled[k] - v) / v for k, v in self.targets.items()}
+        """Relative error (modeled - measured) / measured of each measured figure (0 inside a bounding interval)."""
+        return {k: relative_error(modeled[k], v) for k, v in self.targets.items()}
 
 
 def _key(kernel: str, figure: str) -> str:
@@ -105,13 +105,13 @@ class HeldOutKernel:
 
     kernel: str
     fit: FitResult  # on every kernel but this one
-    measured: dict[str, float]
+    measured: dict[str, Measured]
     modeled: dict[str, float]  # under the others' fit (every figure the kernel's ``figures`` gives)
     sourced: dict[str, float]  # under the sourced parameters, for comparison
 
     def errors(self, modeled: Mapping[str, float] | None = None) -> dict[str, float]:
         m = self.modeled if modeled is None else modeled
-        return {k: (m[k] - v) / v for k, v in self.measured.items()}
+        return {k: relative_error(m[k], v) for k, v in self.measured.items()}
 
     def max_error(self) -> float:
         return max(abs(e) for e in self.errors().values())
@@ -137,8 +137,7 @@ def leave_one_out(kernels: Sequence[MeasuredKernel], hw: HardwareParams, *, para
         ev = evaluators.get(k.name)
         modeled = ev(res.values) if ev else k.modeled(hw, res.values)
         sourced = ev({}) if ev else k.modeled(hw)
-        log.info("leave-one-out %s: max error %.1f%%", k.name,
-                 100 * max(abs(modeled[f] - v) / v for f, v in k.targets.items()))
+        log.info("leave-one-out %s: max error %.1f%%", k.name, 100 * max(map(abs, k.errors(modeled).values())))
         out.append(HeldOutKernel(k.name, res, dict(k.targets), modeled, sourced))
     return out
 

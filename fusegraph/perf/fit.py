@@ -94,8 +94,29 @@ def evaluate(view: KernelView, hw: HardwareParams, values: Mapping[str, float] |
     return layer_figures(estimate_kernel(view, trial, label="calibration"), layers)
 
 
-def log_error(modeled: float, measured: float) -> float:
-    return math.log(max(modeled, 1e-15) / measured)
+#: a measured figure: a value, or ``(low, high)`` where the source bounds the like quantity (a whole-profile engine
+#: time that also holds work outside the kernel is an upper bound per layer: ``(0.0, bound)``)
+Measured = float | tuple[float, float]
+
+
+def nearest(modeled: float, measured: Measured) -> float:
+    """The measured value ``modeled`` is compared with: the value itself, or the nearest end of an interval
+    (``modeled`` itself when inside it, so its error is 0)."""
+    if isinstance(measured, (tuple, list)):
+        lo, hi = measured
+        return min(max(modeled, lo), hi)
+    return measured
+
+
+def relative_error(modeled: float, measured: Measured) -> float:
+    """(modeled - measured) / measured, against the nearest end of an interval (0 inside it)."""
+    ref = nearest(modeled, measured)
+    return (modeled - ref) / ref if ref else 0.0
+
+
+def log_error(modeled: float, measured: Measured) -> float:
+    ref = nearest(modeled, measured)
+    return math.log(max(modeled, 1e-15) / max(ref, 1e-15))
 
 
 @dataclass
@@ -105,7 +126,7 @@ class FitResult:
     values: dict[str, float]
     start: dict[str, float]
     bounds: dict[str, Bound]
-    targets: dict[str, float]  # measured figures fitted (seconds)
+    targets: dict[str, Measured]  # measured figures fitted (seconds; an interval where the source bounds one)
     modeled: dict[str, float]  # per-layer figures at the fitted values (all of FIGURES)
     start_modeled: dict[str, float]
     evaluations: int
@@ -121,7 +142,7 @@ class FitResult:
     def errors(self, modeled: Mapping[str, float] | None = None) -> dict[str, float]:
         """Relative error (modeled - measured) / measured of every fitted figure."""
         m = self.modeled if modeled is None else modeled
-        return {k: (m[k] - v) / v for k, v in self.targets.items()}
+        return {k: relative_error(m[k], v) for k, v in self.targets.items()}
 
     def max_error(self) -> float:
         return max(abs(e) for e in self.errors().values())
@@ -149,7 +170,7 @@ def _from_unit(b: Bound, u: float) -> float:
     return b.lo + u * (b.hi - b.lo)
 
 
-def fit(view: KernelView, hw: HardwareParams, targets: Mapping[str, float], *,
+def fit(view: KernelView, hw: HardwareParams, targets: Mapping[str, Measured], *,
         params: Sequence[str] = FITTABLE, bounds: Mapping[str, Bound] | None = None,
         weights: Mapping[str, float] | None = None, prior: float = 1e-3, max_evaluations: int = 1500,
         min_step: float = 1.0 / 256, layers: int | None = None,
@@ -172,7 +193,7 @@ def fit(view: KernelView, hw: HardwareParams, targets: Mapping[str, float], *,
 
 
 def search(evaluate_at: Callable[[Mapping[str, float]], dict[str, float]], hw: HardwareParams,
-           targets: Mapping[str, float], *, params: Sequence[str] = FITTABLE,
+           targets: Mapping[str, Measured], *, params: Sequence[str] = FITTABLE,
            bounds: Mapping[str, Bound] | None = None, weights: Mapping[str, float] | None = None,
            prior: float = 1e-3, max_evaluations: int = 1500, min_step: float = 1.0 / 256,
            sources: Mapping[str, str] | None = None) -> FitResult:
@@ -257,13 +278,7 @@ class HeldOut:
 
     @property
     def error(self) -> float:
-        if isinstance(self.measured, tuple):
-            lo, hi = self.measured
-            if lo <= self.modeled <= hi:
-                return 0.0
-            edge = lo if self.modeled < lo else hi
-            return (self.modeled - edge) / edge
-        return (self.modeled - self.measured) / self.measured
+        return relative_error(self.modeled, self.measured)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

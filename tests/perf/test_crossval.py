@@ -78,3 +78,17 @@ def test_refusals(kernels):
         X.fit_joint([kernels[0], kernels[0]], HW)
     with pytest.raises(ValueError, match="at least one"):
         X.fit_joint([], HW)
+
+
+def test_an_upper_bound_is_met_anywhere_below_it(view):  # noqa: F811
+    """A whole-profile engine time that also holds work outside the kernel bounds the per-layer figure from above:
+    (0, bound) costs nothing anywhere below the bound and pulls the parameter down only when above it."""
+    base = F.evaluate(view, HW)
+    loose = X.MeasuredKernel("loose", view, {"tensor": (0.0, 2 * base["tensor"])}, {})
+    r = X.fit_joint([loose], HW, params=("pe_min_cycles",), prior=1e-3, max_evaluations=100)
+    assert r.values["pe_min_cycles"] == pytest.approx(HW.pe_min_cycles)  # already inside: stays sourced
+    assert r.errors() == {"loose:tensor": 0.0}
+    tight = X.MeasuredKernel("tight", view, {"tensor": (0.0, 0.5 * base["tensor"])}, {})
+    r = X.fit_joint([tight], HW, params=("pe_min_cycles",), prior=0.0, max_evaluations=100)
+    assert r.values["pe_min_cycles"] == pytest.approx(HW.pe_min_cycles / 2, rel=0.03)
+    assert tight.errors({"tensor": 0.75 * base["tensor"]})["tensor"] == pytest.approx(0.5)

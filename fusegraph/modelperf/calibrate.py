@@ -257,12 +257,12 @@ def format_report(r: Mapping[str, Any]) -> str:
         rec = r["recorded_vs_fresh"][k][1]
         rows.append([k, f"{f['start'][k]:.4g}", f"{v:.4g}", "-" if rec is None else f"{rec:.4g}",
                      f"[{b['lo']:.3g}, {b['hi']:.3g}]" + (" (at bound)" if k in f["at_bound"] else "")])
-    lines += _table(rows)
+    lines += text_table(rows)
     rows = [["figure (us/layer)", "measured", "sourced model", "error", "calibrated (this fit)", "error"]]
     for k, v in f["targets_s"].items():
         rows.append([k, _us(v), _us(f["start_modeled_s"][k]), f"{f['start_errors'][k]:+.1%}",
                      _us(f["modeled_s"][k]), f"{f['errors'][k]:+.1%}"])
-    lines += [""] + _table(rows)
+    lines += [""] + text_table(rows)
     lines.append("")
     lines.append(f"Held out (figures the fit did not use; calibrated set '{r['parameter_set']}'):")
     rows = [["figure", "published", "calibrated", "error", "sourced", "error"]]
@@ -271,7 +271,7 @@ def format_report(r: Mapping[str, Any]) -> str:
         pub_s = f"{pub[0]:.2f}..{pub[1]:.2f}" if isinstance(pub, (list, tuple)) else f"{pub:.2f}"
         rows.append([h["figure"], f"{pub_s} {h['unit']}", f"{h['modeled']:.2f} {h['unit']}", f"{h['error']:+.1%}",
                      f"{h['sourced_modeled']:.2f} {h['unit']}", f"{h['sourced_error']:+.1%}"])
-    lines += _table(rows)
+    lines += text_table(rows)
     lines.append("why comparable:")
     seen = set()
     for h in r["held_out"]:
@@ -297,7 +297,7 @@ def format_report(r: Mapping[str, Any]) -> str:
         if tp:
             row += [_us(s["fusegraph_tp_kernel_s"]), f"{s['hand_kernel_s'] / s['fusegraph_tp_kernel_s']:.2f}x"]
         rows.append(row + ["-"])
-        lines += _table(rows)
+        lines += text_table(rows)
         lines.append(f"ratio (hand / fusegraph per-layer wall): shard {s['ratio']:.2f}x (with the hand kernel's "
                      f"modeled collectives added to the shard's layer serially: {s['ratio_with_hand_cc']:.2f}x)"
                      + (f"; TP rank (collectives in its kernel) {s['ratio_tp']:.2f}x" if tp else ""))
@@ -313,11 +313,12 @@ def format_report(r: Mapping[str, Any]) -> str:
         if with_tp:
             row += [_us(s["tp_wall_s"]), f"{s['ratio_tp']:.2f}x"]
         rows.append(row)
-    lines += _table(rows)
+    lines += text_table(rows)
     return "\n".join(lines)
 
 
-def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+def text_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as aligned text lines (the first row is the header, underlined)."""
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     out = ["  ".join(str(c).ljust(w) for c, w in zip(rows[0], widths)), "  ".join("-" * w for w in widths)]
     out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows[1:]]

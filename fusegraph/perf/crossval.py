@@ -44,10 +44,14 @@ class MeasuredKernel:
     layers: int | None = None
     weights: Mapping[str, float] = field(default_factory=dict)
     figures: Callable[[Estimate, int | None], dict[str, float]] | None = None
+    #: parameters that are facts of this kernel's deployment, not of the hardware (which engine the compiler's own
+    #: DMA choice triggers on, set by the compiler flags of its driver): applied before any fitted value
+    deployment: Mapping[str, Any] = field(default_factory=dict)
 
     def modeled(self, hw: HardwareParams, values: Mapping[str, float] | None = None) -> dict[str, float]:
         """This kernel's figures costed with ``hw`` (``values`` replacing some of its parameters)."""
-        trial = hw.what_if("cross-validation trial", **dict(values)) if values else hw
+        merged = {**self.deployment, **dict(values or {})}
+        trial = hw.what_if(f"cross-validation trial ({self.name})", **merged) if merged else hw
         est = estimate_kernel(self.view, trial, label=self.name)
         return (self.figures or layer_figures)(est, self.layers)
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .costmodel import Estimate, estimate_kernel
 from .kernelview import KernelView
-from .params import FITTABLE, HardwareParams
+from .params import FITTABLE, FITTABLE_JOINT, HardwareParams
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,10 @@ BOUNDS: dict[str, Bound] = {b.name: b for b in (
     Bound("dma_efficiency_s0", 64.0, 4096.0, True,
           "§6 s0 ~ 512 B (range 256-1024) widened /8 .. x8 (O4's '32 KiB for ideal bandwidth' allows large s0)"),
     Bound("dma_issue_hwdge", 0.2e-6, 1.2e-6, True, "C16 0.6 us / O7 0.538 us, /2.7 .. x2"),
+    Bound("cc_step_latency", 0.1e-6, 3.0e-6, True,
+          "O4's ~1.3 us DMA semaphore-to-start taken for one ring step, /13 .. x2.3: a step of a small collective "
+          "between cores of one chip may be one SBUF-to-SBUF write and a semaphore (nki-library's sb2sb "
+          "all-reduce), far below a full DMA's fixed latency; no published per-step figure"),
 )}
 
 
@@ -200,7 +204,7 @@ def search(evaluate_at: Callable[[Mapping[str, float]], dict[str, float]], hw: H
     """The fit itself, for any figures: ``evaluate_at(values)`` returns modeled figures keyed like ``targets``
     (one kernel's per-layer figures for :func:`fit`; several kernels' figures, keyed ``kernel:figure``, for a joint
     fit). Starts from ``hw``'s values of ``params``; see :func:`fit` for the objective."""
-    bad = [p for p in params if p not in FITTABLE]
+    bad = [p for p in params if p not in FITTABLE_JOINT]
     if bad:
         raise ValueError(f"not low-confidence parameters a fit may change: {', '.join(bad)}")
     bounds = {p: (bounds or BOUNDS)[p] for p in params}

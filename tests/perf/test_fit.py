@@ -9,7 +9,7 @@ from fusegraph import nkisim
 from fusegraph.perf import fit as F
 from fusegraph.perf.costmodel import Schedule, union_length
 from fusegraph.perf.kernelview import view_from_trace
-from fusegraph.perf.params import FITTABLE, load_params
+from fusegraph.perf.params import FITTABLE, FITTABLE_JOINT, load_params
 
 HW = load_params("trn3")
 
@@ -125,7 +125,7 @@ def test_fit_stays_in_bounds_and_fits_only_low_confidence_parameters(view):
         F.fit(view, HW, targets, params=("dma_bandwidth_core",))
     with pytest.raises(ValueError, match="unknown figures"):
         F.fit(view, HW, {"wal": 1e-6}, params=("pe_min_cycles",))
-    assert set(F.BOUNDS) == set(FITTABLE)
+    assert set(F.BOUNDS) == set(FITTABLE_JOINT) and set(FITTABLE) < set(FITTABLE_JOINT)
     for name, b in F.BOUNDS.items():
         assert b.lo <= getattr(HW, name) <= b.hi, name  # the sourced value is inside its range
 

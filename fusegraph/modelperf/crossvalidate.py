@@ -45,6 +45,7 @@ def run(layers: int | None = None, params: Sequence[str] = FITTABLE_JOINT, max_e
     t0 = time.perf_counter()
     rounds = leave_one_out(kernels, sourced, params=params, max_evaluations=max_evaluations)
     timings["leave_one_out_s"] = time.perf_counter() - t0
+    fits = {k.family: r.fit for k, r in zip(kernels, rounds)}
     per_kernel = {}
     for k in kernels:
         rnd = next(r for r in rounds if r.kernel == k.name)
@@ -60,8 +61,9 @@ def run(layers: int | None = None, params: Sequence[str] = FITTABLE_JOINT, max_e
         "parameters": {"sourced": {p: float(getattr(sourced, p)) for p in params},
                        **({RECORDED: {p: float(getattr(sets[RECORDED], p)) for p in params}} if RECORDED in sets
                           else {}),
-                       "joint fit": joint.values, **{f"without {r.kernel}": r.fit.values for r in rounds}},
-        "at_bound": {"joint fit": joint.at_bound, **{f"without {r.kernel}": r.fit.at_bound for r in rounds}},
+                       "joint fit": joint.values, **{f"without {g}": f.values for g, f in fits.items()}},
+        "at_bound": {"joint fit": joint.at_bound, **{f"without {g}": f.at_bound for g, f in fits.items()}},
+        "groups": {k.name: k.family for k in kernels},
         "bounds": {p: (joint.bounds[p].lo, joint.bounds[p].hi) for p in params},
         "joint": joint.to_dict(), "rounds": [r.to_dict() for r in rounds], "per_kernel": per_kernel,
         "band": {f: band(rounds, f) for f in figures},

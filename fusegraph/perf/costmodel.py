@@ -313,6 +313,8 @@ def line_work(hw: HardwareParams, ln: KernelLine, index: int) -> Work:
         parts = max(d["partitions"] for d in ln.dmas)
         d0 = max(ln.dmas, key=lambda d: d["bytes"])
         engine, per = dma_issue(hw, d0["dge_mode"], d0["queue"], ln.indirect)
+        if ln.indirect == "scalar":  # a runtime offset: its register load and descriptor build on the issuing engine
+            per += hw.dma_runtime_offset_issue
         tr = dma_transfer(hw, nbytes, count, parts, desc)
         if ln.opcode == "dma_transpose":  # O6: a transposing DMA moves its bytes at a fraction of the throughput
             tr = _transposed(tr, hw.dma_transpose_efficiency_hbm if _is_hbm(d0["src_buffer"])

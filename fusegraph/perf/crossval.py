@@ -47,6 +47,13 @@ class MeasuredKernel:
     #: parameters that are facts of this kernel's deployment, not of the hardware (which engine the compiler's own
     #: DMA choice triggers on, set by the compiler flags of its driver): applied before any fitted value
     deployment: Mapping[str, Any] = field(default_factory=dict)
+    #: kernels of one group are left out together (profiles of one kernel's variants: leaving one out while its
+    #: siblings stay in would test the model on what it was fitted to); default: the kernel alone
+    group: str = ""
+
+    @property
+    def family(self) -> str:
+        return self.group or self.name
 
     def modeled(self, hw: HardwareParams, values: Mapping[str, float] | None = None) -> dict[str, float]:
         """This kernel's figures costed with ``hw`` (``values`` replacing some of its parameters)."""
@@ -129,15 +136,18 @@ class HeldOutKernel:
 def leave_one_out(kernels: Sequence[MeasuredKernel], hw: HardwareParams, *, params: Sequence[str] = FITTABLE,
                   evaluators: Mapping[str, Callable[[Mapping[str, float]], dict[str, float]]] | None = None,
                   **kw: Any) -> list[HeldOutKernel]:
-    """For each kernel: fit jointly on all the others (from ``hw``), then cost the left-out kernel with that fit.
-    Needs two kernels or more. The errors are what the model is worth on a kernel it was not fitted to."""
-    if len(kernels) < 2:
-        raise ValueError("leave-one-out needs two measured kernels or more")
+    """For each group of kernels (:attr:`MeasuredKernel.group`; a kernel alone by default): fit jointly on all the
+    other groups (from ``hw``), then cost each left-out kernel with that fit. Needs two groups or more. The errors
+    are what the model is worth on a kernel it was not fitted to; one round per kernel, in ``kernels``' order."""
+    groups = list(dict.fromkeys(k.family for k in kernels))
+    if len(groups) < 2:
+        raise ValueError("leave-one-out needs two measured kernels or more (in two groups or more)")
     evaluators = dict(evaluators or {})
+    fits = {g: fit_joint([o for o in kernels if o.family != g], hw, params=params, evaluators=evaluators, **kw)
+            for g in groups}
     out = []
     for k in kernels:
-        rest = [o for o in kernels if o is not k]
-        res = fit_joint(rest, hw, params=params, evaluators=evaluators, **kw)
+        res = fits[k.family]
         ev = evaluators.get(k.name)
         modeled = ev(res.values) if ev else k.modeled(hw, res.values)
         sourced = ev({}) if ev else k.modeled(hw)

@@ -43,6 +43,7 @@ class Entry:
     layers: int = 4  # layers traced for the fit (per-layer figures barely move with the count: the fit re-costs it)
     about: str = ""
     deployment: Mapping[str, Any] = field(default_factory=dict)  # see crossval.MeasuredKernel.deployment
+    group: str = ""  # profiles of one kernel's variants: left out together (crossval.leave_one_out)
 
 
 def _figure(d: Mapping[str, Any]) -> Measured:
@@ -66,7 +67,9 @@ def entries() -> list[Entry]:
         out.append(Entry(name, k["spec"], {f: _figure(d) for f, d in figs.items()},
                          {f: f"{d['source']}; {d.get('derived', 'measured')}" for f, d in figs.items()},
                          dict(k.get("spec_kwargs", {})), about=f"{k['repository']} @{k['kernel_tree']}; {k['deployment']}",
-                         deployment={p: d["value"] for p, d in k.get("deployment_params", {}).items()}))
+                         layers=int(k.get("layers_traced", 4)),
+                         deployment={p: d["value"] for p, d in k.get("deployment_params", {}).items()},
+                         group=k.get("group", "")))
     return out
 
 
@@ -85,7 +88,7 @@ def load(entry: Entry, layers: int | None = None) -> MeasuredKernel:
     prof = run_spec(spec)
     view = view_from_trace(prof.trace[(0, 0)], filename=spec.name)
     return MeasuredKernel(entry.name, view, dict(entry.targets), dict(entry.sources), layers=n,
-                          deployment=dict(entry.deployment))
+                          deployment=dict(entry.deployment), group=entry.group)
 
 
 def available(layers: int | None = None) -> tuple[list[MeasuredKernel], dict[str, str]]:

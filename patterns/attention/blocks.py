@@ -53,6 +53,7 @@ PSUM_BANK_BYTES = 2048
 #: the parameters the closed form uses (names of ``trainium.json``'s parameters)
 PARAMS = ("dma_bandwidth_core", "dma_bandwidth_engine", "dma_engines_per_core", "dma_partitions_per_engine",
           "dma_efficiency_s0", "dma_fixed_latency", "dma_latency_overlap", "dma_issue_hwdge", "dma_issue_swdge",
+          "dma_runtime_offset_issue",
           "dma_transpose_efficiency_hbm", "pe_clock", "pe_min_cycles", "pe_fp32_factor", "act_clock",
           "act_elems_per_cycle", "act_elems_per_cycle_16bit", "dve_clock", "dve_elems_per_cycle",
           "dve_elems_per_cycle_perf", "pool_clock", "pool_elems_per_cycle", "engine_fixed_cycles",
@@ -269,9 +270,13 @@ def body_ops(s: StreamShape, hw: Hardware) -> list[Op]:
         ops.append(Op(name, engine, t * n, reads, writes, partial, n, dep_ii=ii, psum=frozenset(psum)))
 
     def dma(name: str, nbytes: float, partitions: int, run: float, writes: tuple, engine: str = "sync",
-            transpose: bool = False, partial: bool = False, reads: tuple = ()) -> None:
+            transpose: bool = False, partial: bool = False, reads: tuple = (), register: bool = True) -> None:
+        """``register``: the address takes the block's runtime offset (``scalar_offset``: every load of a loop
+        iteration after the first block; K^T by DMA gathers by a row-index tile instead)."""
         occ, own = dma_time(hw, nbytes, partitions, run, transpose)
         issue = hw.dma_issue_swdge if engine == "gpsimd" else hw.dma_issue_hwdge
+        if register:
+            issue += hw.dma_runtime_offset_issue
         ops.append(Op(name, engine, issue, reads, writes, partial, dma=True, occupancy=occ, own=own,
                       latency=hw.dma_fixed_latency))
 
@@ -282,7 +287,7 @@ def body_ops(s: StreamShape, hw: Hardware) -> list[Op]:
         if s.kt_dma:
             for h in range(s.HC):
                 dma("kT_dma", s.Lb * s.D * s.kvb, PMAX, run, ("kT",), engine="gpsimd", transpose=True, partial=True,
-                    reads=("kidx",))  # the row-index tile: its advance below waits for the transposes
+                    reads=("kidx",), register=False)  # the row-index tile: its advance below waits for the transposes
             comp("kidx_next", "vector", "tensor_scalar", 1, {"uint32"}, ("kidx",), ("kidx",))
         else:
             dma("kload", kvbytes, PMAX, run, ("kn",))

@@ -92,3 +92,18 @@ def test_an_upper_bound_is_met_anywhere_below_it(view):  # noqa: F811
     r = X.fit_joint([tight], HW, params=("pe_min_cycles",), prior=0.0, max_evaluations=100)
     assert r.values["pe_min_cycles"] == pytest.approx(HW.pe_min_cycles / 2, rel=0.03)
     assert tight.errors({"tensor": 0.75 * base["tensor"]})["tensor"] == pytest.approx(0.5)
+
+
+def test_a_group_is_left_out_together(kernels, view):  # noqa: F811
+    """Two profiles of one kernel's variants are one group: leaving one out while its sibling stays in would test
+    the model on what it was fitted to."""
+    measured = F.evaluate(view, HW, TRUTH)
+    sibling = X.MeasuredKernel("sync bis", view, {"sync": measured["sync"]}, {}, group="sync")
+    grouped = [kernels[0], X.MeasuredKernel("sync", view, kernels[1].targets, {}, group="sync"), sibling]
+    rounds = X.leave_one_out(grouped, HW, params=tuple(TRUTH), prior=1e-3, max_evaluations=300)
+    by = {r.kernel: r for r in rounds}
+    assert set(by["sync"].fit.targets) == {"pe:tensor"}  # fitted without either sync kernel
+    assert by["sync bis"].fit is by["sync"].fit
+    assert by["sync bis"].max_error() > 0.2  # the sibling did not leak the answer
+    with pytest.raises(ValueError, match="two groups"):
+        X.leave_one_out(grouped[1:], HW)

@@ -32,7 +32,7 @@ def test_every_entry_is_complete():
     assert {e.spec_kwargs["variant"] for e in gpt.values()} == {"exp7", "exp6", "canonical"}
     # a whole-profile engine time that holds the LM head is only an upper bound per layer
     assert isinstance(gpt["gpt-oss-20b exp 7"].targets["sync"], tuple)
-    assert gpt["gpt-oss-20b exp 7"].deployment == {"dma_default_trigger": "swdge_gpsimd"}
+    assert gpt["gpt-oss-20b exp 7"].deployment == {"dma_default_trigger": "swdge_gpsimd", "dma_runtime_offset_issue": 5.2e-07}
 
 
 def test_absent_checkouts_are_listed_not_faked(monkeypatch):
@@ -61,3 +61,26 @@ def test_the_qwen3_kernel_loads_as_a_measured_kernel():
     figs = k.modeled(load_params("trn3"))
     assert k.layers == 2 and set(k.targets) <= set(figs)
     assert 50e-6 < figs["wall"] < 400e-6
+
+
+def test_runtime_offset_companions_are_a_deployment_setting():
+    """A DMA whose address takes a runtime scalar offset costs its issuing engine dma_runtime_offset_issue more:
+    0 by default (the Qwen3 kernel's deployment), 0.52 us where the compile enables DGE on indirect DMAs (the GPT-OSS
+    profiles). Three expert loads by a runtime id: the Sync engine gets 3 x 0.52 us more, nothing else moves."""
+    from fusegraph import nkisim
+    from fusegraph.nkisim import Abstract
+    from fusegraph.perf.costmodel import estimate_kernel
+    from fusegraph.perf.kernelview import view_from_trace
+    import importlib
+
+    with nkisim.as_nki():
+        mod = importlib.import_module("tests.nkisim.nki_kernels")
+    nkisim.run(mod.expert_gather_matmul, Abstract((128, 4), "bfloat16"), Abstract((8, 128, 256), "bfloat16"),
+               Abstract((1, 3), "int32"), shape_only=True, trace=True, target="trn3")
+    view = view_from_trace(nkisim.last_profile().trace[(0, 0)])
+    hw = load_params("trn3")
+    assert hw.dma_runtime_offset_issue == 0.0
+    base = estimate_kernel(view, hw).schedule.busy
+    more = estimate_kernel(view, hw.what_if("deployment", dma_runtime_offset_issue=0.52e-6)).schedule.busy
+    assert more["sync"] - base["sync"] == pytest.approx(3 * 0.52e-6, rel=1e-6)
+    assert more["tensor"] == base["tensor"] and more["dma"] == base["dma"]

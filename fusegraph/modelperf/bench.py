@@ -12,6 +12,7 @@ import platform
 import time
 from typing import Any, Sequence
 
+from ..perf.measured import band_note
 from ..perf.params import SOURCED
 from ..perf.progress import Progress
 from .analysis import ModelPerf, NotRun, analyze_model
@@ -199,9 +200,11 @@ def format_tables(result: dict[str, Any]) -> str:
         out.append(_table(["quantity", "strategy", "modeled", "published", "error", "comparison"], crow))
         g = l["goal"]
         verdict = "MET" if g["met_with_cc"] else ("met without CC, missed with it" if g["met"] else "MISSED")
+        margin = g["target_us_per_layer"] / g["modeled_us_per_layer_with_cc"] - 1
         out.append(f'goal: megakernel per layer {g["modeled_us_per_layer"]:.1f} us (+ measured AllReduce '
                    f'{g["modeled_us_per_layer_with_cc"]:.1f} us) vs hand-written {g["target_us_per_layer"]:.2f} us '
-                   f'-> {verdict}')
+                   f'-> {verdict} (MODELED, margin {margin:+.0%}; weigh it against the model error at the end and the '
+                   f'published-figure errors of this table)')
         out.append(f'distance to the physical limit (chip HBM): {g["distance_to_limit_ms_per_token"]:.3f} ms/token '
                    f'({g["modeled_ms_per_token"]:.3f} vs {g["limit_ms_per_token"]:.3f} ms, '
                    f'{g["fraction_of_limit"] * 100:.0f}% of the limit\'s speed); per layer '
@@ -214,6 +217,8 @@ def format_tables(result: dict[str, Any]) -> str:
         if sens:
             parts = [f'{r["parameter"]}={r["value"]:.3g}: {r["seconds_per_layer"] * 1e6:.1f}' for r in sens]
             out.append("sensitivity of (c) us/layer to the sourced parameter ranges: " + "; ".join(parts))
+    out.append("")
+    out.append(band_note(result.get("parameter_set", SOURCED)))
     return "\n".join(out)
 
 

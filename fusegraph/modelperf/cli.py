@@ -18,6 +18,7 @@ from typing import Any
 from ..perf.analysis import profile_shape_only
 from ..perf.costmodel import estimate_kernel
 from ..perf.kernelview import build_view
+from ..perf.measured import band_note
 from ..perf.params import (SOURCED, ParameterSetError, calibrations, check_parameter_set, load_params,
                             parameter_set_targets)
 from ..perf.progress import Progress, UsageError
@@ -243,6 +244,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
         print(f"modeled on {args.target} (one core, cost-model parameters: {args.parameters}): "
               f"{est.seconds * 1e3:.3f} ms per step, "
               f"{est.per_layer_seconds() * 1e6:.1f} us per layer, {est.total.bound()}-bound", file=sys.stderr)
+        print(band_note(args.parameters), file=sys.stderr)
     return 0
 
 

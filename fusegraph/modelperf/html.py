@@ -19,6 +19,8 @@ from typing import Any, Mapping, Sequence
 
 from ..perf.costmodel import ENGINE_LABELS
 from ..perf.graphsvg import color_for, render_graph
+from ..perf.measured import band_note
+from ..perf.params import SOURCED
 from ..report.model import build_report
 
 ENGINE_ORDER = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma")
@@ -354,9 +356,10 @@ def _calibration_section(lfl: Mapping[str, Any] | None) -> str:
                                 rows, tid="calibration-table")
 
 
-def _params_section(params: Sequence[Mapping[str, Any]]) -> str:
+def _params_section(params: Sequence[Mapping[str, Any]], parameter_set: str = SOURCED) -> str:
     rows = [[p["name"], p["value"], p["unit"], p["confidence"], p["source"]] for p in params]
-    return "<details><summary>cost-model parameters and their sources</summary>" + table(
+    return f"<p class='band'>{_e(band_note(parameter_set))}</p>" + (
+        "<details><summary>cost-model parameters and their sources</summary>") + table(
         ["parameter", "value", "unit", "conf.", "source"], rows, tid="params-table") + "</details>"
 
 
@@ -420,7 +423,7 @@ def render(*, title: str, perf: Mapping[str, Any] | None = None, program: Any = 
         parts.append("<h3>The same, grouped over layers and chunks</h3>")
         parts.append(_top_templates_section(mk, attribution))
         parts.append("<h2>Parameters</h2>")
-        parts.append(_params_section(perf.get("params", [])))
+        parts.append(_params_section(perf.get("params", []), perf.get("parameter_set", SOURCED)))
     body = "".join(parts)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'

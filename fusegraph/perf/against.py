@@ -364,6 +364,9 @@ def format_comparison(result: dict[str, Any]) -> str:
             + (f" (theirs: one rank of TP={result['shard'][0]} x LNC={result['shard'][1]}, program 0)"
                if result.get("shard") else ""))
     head += f" [cost-model parameters: {result.get('parameter_set', SOURCED)}]"
+    from .measured import band_note  # the data file's recorded cross-validation (measured imports this module lazily)
+
+    head += "\n" + band_note(result.get("parameter_set", SOURCED))
     rows = [["quantity", "fusegraph", "theirs", "theirs / fusegraph"]]
     for r in result["comparison"]["rows"]:
         if r["quantity"] == "collectives":

@@ -101,3 +101,28 @@ def available(layers: int | None = None) -> tuple[list[MeasuredKernel], dict[str
             log.info("measured kernel %s not loaded: %s", e.name, err)
             missing[e.name] = str(err).splitlines()[0]
     return got, missing
+
+
+def validation() -> dict[str, Any]:
+    """The recorded cross-validation (``bench_crossval.py``'s result at a commit): the largest per-layer errors of
+    each parameter set over the measured kernels."""
+    return dict(_data().get("validation", {}))
+
+
+def band_note(parameter_set: str) -> str:
+    """One line quoted with every modeled time: how far this parameter set's per-layer figures were from the
+    measured kernels (largest error), and the cross-validated fit's error on kernels left out of it. Why: a modeled
+    time is worth the error the model makes on kernels it was not fitted to (issue 28)."""
+    v = validation()
+    walls = v.get("wall_error_max", {})
+    if not walls:
+        return "model error: not cross-validated"
+    n = len(v.get("kernels", ()))
+    own = walls.get(parameter_set)
+    held = walls.get("left out")
+    fitted = "fitted to none of them" if parameter_set == "sourced" else "fitted to some of them"
+    mine = (f"this set ({parameter_set}, {fitted}) within {own:.0%} per layer" if own is not None
+            else f"this set ({parameter_set}) not cross-validated")
+    return (f"model error on {n} measured hand-written kernels ({v.get('target')}, {v.get('date')}): {mine}; "
+            f"a fit within {held:.0%} on kernels left out of it (per engine up to "
+            f"{v.get('engine_error_max', {}).get(parameter_set, float('nan')):.0%}); MODELED, not measured")

@@ -84,3 +84,26 @@ def test_runtime_offset_companions_are_a_deployment_setting():
     more = estimate_kernel(view, hw.what_if("deployment", dma_runtime_offset_issue=0.52e-6)).schedule.busy
     assert more["sync"] - base["sync"] == pytest.approx(3 * 0.52e-6, rel=1e-6)
     assert more["tensor"] == base["tensor"] and more["dma"] == base["dma"]
+
+
+def test_every_modeled_time_is_quoted_with_the_model_error():
+    """The recorded cross-validation gives one line printed beside modeled times (bench, kernel --profile,
+    bench --against, the HTML report): each set's largest per-layer error on the measured kernels and the error of
+    a fit on kernels left out of it."""
+    v = M.validation()
+    assert set(v["wall_error_max"]) >= {"sourced", "left out"} and v["kernels"]
+    assert set(v["kernels"]) <= {e.name for e in M.entries()}
+    note = M.band_note("sourced")
+    assert f"within {v['wall_error_max']['sourced']:.0%} per layer" in note and "MODELED" in note
+    assert f"within {v['wall_error_max']['left out']:.0%} on kernels left out" in note
+    assert "not cross-validated" in M.band_note("no such set")
+    from fusegraph.modelperf.html import _params_section
+
+    assert note in _params_section([], "sourced").replace("&#x27;", "'")
+
+
+def test_the_bench_tables_end_with_the_model_error():
+    from fusegraph.modelperf.bench import format_tables
+
+    out = format_tables({"rows": [], "like_for_like": [], "parameter_set": "o1_hand_megakernel"})
+    assert out.splitlines()[-1] == M.band_note("o1_hand_megakernel")

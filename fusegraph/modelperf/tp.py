@@ -51,11 +51,17 @@ EXTRA_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
         num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128, num_experts=128,
         num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6,
         rope_theta=1000000.0, max_position_embeddings=40960, tie_word_embeddings=False)),
+    # openai/gpt-oss-20b (transformers' GptOssConfig defaults with 24 layers and 32 experts): HF 5.24's tp_plan
+    # shards only embed_tokens, so build_rank applies fusegraph.tp_plan's complete plan (docs/tp.md)
+    "gpt-oss-20b": ("gpt_oss", dict(
+        vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+        rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False)),
 }
 
 #: HF classes of the families the rows use (config, causal LM)
 _FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-             "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
+             "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"), "gpt_oss": ("GptOssConfig", "GptOssForCausalLM")}
 
 _ITEMSIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.int64: 8, torch.int32: 4}
 
@@ -164,6 +170,10 @@ def build_rank(model: str, tp: int, *, layers: int | None = None, cache_len: int
                      f"head per rank, as fusegraph.replicate_kv_heads does and the hand-written Qwen3 kernel at TP=8)")
     config_cls, model_cls = (getattr(transformers, n) for n in _FAMILIES[family])
     hf_cfg = config_cls(**cfg)
+    if family == "gpt_oss":  # HF's own plan shards only the embedding: fusegraph's complete plan
+        from ..models.tp_plans import apply_tp_plan
+
+        hf_cfg = apply_tp_plan(hf_cfg, tp)
     torch_dtype = getattr(torch, dtype or default_dtype)
     dcfg, _, mesh = model_cls.prepare_distribute_model(DistributedConfig(tp_plan="auto", tp_size=tp))
     kwargs: dict[str, Any] = {"attn_implementation": "eager"}

@@ -159,3 +159,17 @@ def test_any_rank_builds_and_is_costed():
     assert not refused and kernels
     assert all(k.estimate.seconds > 0 for k in kernels)
     assert sum(k.estimate.total.cc_count for k in kernels) == 4  # embedding, o_proj, down_proj; lm_head gather
+
+
+def test_gpt_oss_rank_gets_fusegraphs_complete_plan():
+    """GPT-OSS-20B's rank 0 at TP=8 (issue 28 item 5: beside the hand-written kernel's deployment): HF 5.24's own
+    plan shards only the embedding; build_rank applies fusegraph.tp_plan, so attention heads, experts (on the
+    intermediate dimension) and sinks are per-rank shards."""
+    with tp.fake_rank(8):
+        case = tp.build_rank("gpt-oss-20b", 8, layers=2)
+    layer = case.model.model.layers[0]
+    local = lambda p: p.to_local() if hasattr(p, "to_local") else p  # noqa: E731
+    assert tuple(local(layer.self_attn.q_proj.weight).shape) == (64 * 64 // 8, 2880)
+    assert tuple(local(layer.self_attn.sinks).shape) == (64 // 8,)
+    assert local(layer.mlp.experts.down_proj).shape[1] == 2880 // 8
+    assert case.cache.layers[0].keys.shape[1] == 1  # one KV head per rank

@@ -29,7 +29,11 @@ def cost_generated(model: str, target: str, *, layers: int | None, cache_len: in
     label = f"fusegraph {model}"
     if shard:
         cores = shard[0] * shard[1]
-        overrides = shard_overrides(model_config(model), cores)
+        try:
+            config = model_config(model)
+        except KeyError as e:  # a spec naming a model fusegraph does not bundle: their side alone
+            return f"not run: {e.args[0] if e.args else e}"
+        overrides = shard_overrides(config, cores)
         label += f" (one core of TP={shard[0]} x LNC={shard[1]})"
     b = build_kernel(model, target, layers=layers, cache_len=cache_len, overrides=overrides, progress=progress)
     if isinstance(b, NotRun):

@@ -152,3 +152,12 @@ def test_bench_against_prints_both_kernels_per_layer_and_engine(two_file, capsys
     assert rows["wall"]["fusegraph_s"] > 0 and rows["wall"]["theirs_s"] > 0
     assert rows["wall"]["ratio"] == pytest.approx(rows["wall"]["theirs_s"] / rows["wall"]["fusegraph_s"])
     assert res["fusegraph"]["layers"] == 1 and res["theirs"]["per_layer_attributed"]
+
+
+def test_a_spec_model_fusegraph_does_not_bundle_is_not_run_not_a_crash():
+    """A spec may name a model fusegraph has no bundled config for (the GPT-OSS hand kernel's gpt-oss-20b): with a
+    shard, fusegraph's side is a 'not run' row naming why, and the comparison still prints their side."""
+    from fusegraph.modelperf.against import cost_generated
+
+    r = cost_generated("gpt-oss-20b", "trn3", layers=2, cache_len=640, shard=(8, 1))
+    assert isinstance(r, str) and r.startswith("not run: unknown model 'gpt-oss-20b'")

@@ -244,7 +244,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
         print(f"modeled on {args.target} (one core, cost-model parameters: {args.parameters}): "
               f"{est.seconds * 1e3:.3f} ms per step, "
               f"{est.per_layer_seconds() * 1e6:.1f} us per layer, {est.total.bound()}-bound", file=sys.stderr)
-        print(band_note(args.parameters), file=sys.stderr)
+        print(band_note(args.parameters, args.target), file=sys.stderr)
     return 0
 
 

@@ -366,7 +366,7 @@ def format_comparison(result: dict[str, Any]) -> str:
     head += f" [cost-model parameters: {result.get('parameter_set', SOURCED)}]"
     from .measured import band_note  # the data file's recorded cross-validation (measured imports this module lazily)
 
-    head += "\n" + band_note(result.get("parameter_set", SOURCED))
+    head += "\n" + band_note(result.get("parameter_set", SOURCED), result.get("target"))
     rows = [["quantity", "fusegraph", "theirs", "theirs / fusegraph"]]
     for r in result["comparison"]["rows"]:
         if r["quantity"] == "collectives":

@@ -109,7 +109,7 @@ def validation() -> dict[str, Any]:
     return dict(_data().get("validation", {}))
 
 
-def band_note(parameter_set: str) -> str:
+def band_note(parameter_set: str, target: str | None = None) -> str:
     """One line quoted with every modeled time: how far this parameter set's per-layer figures were from the
     measured kernels (largest error), and the cross-validated fit's error on kernels left out of it. Why: a modeled
     time is worth the error the model makes on kernels it was not fitted to (issue 28)."""
@@ -123,6 +123,8 @@ def band_note(parameter_set: str) -> str:
     fitted = "fitted to none of them" if parameter_set == "sourced" else "fitted to some of them"
     mine = (f"this set ({parameter_set}, {fitted}) within {own:.0%} per layer" if own is not None
             else f"this set ({parameter_set}) not cross-validated")
+    other = (f"; no measured kernel on {target}: the {v.get('target')} error is all there is"
+             if target and target != v.get("target") else "")
     return (f"model error on {n} measured hand-written kernels ({v.get('target')}, {v.get('date')}): {mine}; "
             f"a fit within {held:.0%} on kernels left out of it (per engine up to "
-            f"{v.get('engine_error_max', {}).get(parameter_set, float('nan')):.0%}); MODELED, not measured")
+            f"{v.get('engine_error_max', {}).get(parameter_set, float('nan')):.0%}){other}; MODELED, not measured")

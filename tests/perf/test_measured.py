@@ -107,3 +107,8 @@ def test_the_bench_tables_end_with_the_model_error():
 
     out = format_tables({"rows": [], "like_for_like": [], "parameter_set": "o1_hand_megakernel"})
     assert out.splitlines()[-1] == M.band_note("o1_hand_megakernel")
+
+
+def test_the_note_says_when_the_target_has_no_measured_kernel():
+    assert "no measured kernel on trn2" in M.band_note("sourced", "trn2")
+    assert "no measured kernel" not in M.band_note("sourced", "trn3")

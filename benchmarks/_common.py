@@ -75,9 +75,10 @@ def _fmt(v: Any) -> str:
 
 
 def write_json(path: str, data: Any, quiet: bool = False) -> None:
+    """Write ``data`` as JSON (atomically); values JSON cannot hold (paths, enums) are written as their str."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=2)
+        json.dump(data, f, indent=2, default=str)
     os.replace(path + ".tmp", path)
     if not quiet:
         print(f"wrote {path}")

@@ -16,10 +16,12 @@ ratio's sensitivity to each low-confidence parameter (x0.5, x1.5). About 10-12 m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import write_json  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,9 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                       cache_len=a.cache_len)
     r["timings"]["total_s"] = time.perf_counter() - t0
     print(calibrate.format_report(r))
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(r, f, indent=1, default=str)
+    write_json(a.out, r, quiet=True)
     print(f"wrote {a.out} ({r['timings']['total_s']:.0f} s)")
     return 0
 

@@ -13,10 +13,12 @@ fit. Every modeled number is MODELED (nothing runs on Trainium here); the measur
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import write_json  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     r["timings"]["total_s"] = time.perf_counter() - t0
     print(crossvalidate.format_report(r))
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(r, f, indent=1, default=str)
+    write_json(a.out, r, quiet=True)
     print(f"wrote {a.out} ({r['timings']['total_s']:.0f} s)")
     return 0
 

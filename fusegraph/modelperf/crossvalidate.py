@@ -49,7 +49,7 @@ def run(layers: int | None = None, params: Sequence[str] = FITTABLE_JOINT, max_e
     per_kernel = {}
     for k in kernels:
         rnd = next(r for r in rounds if r.kernel == k.name)
-        under = {name: k.modeled(hw) for name, hw in sets.items()}
+        under = {name: rnd.sourced if name == "sourced" else k.modeled(hw) for name, hw in sets.items()}
         under["joint fit"] = split(joint, k.name)
         under["left out"] = rnd.modeled
         per_kernel[k.name] = {"measured_s": dict(k.targets), "sources": dict(k.sources), "layers": k.layers,

@@ -54,9 +54,8 @@ TP, LNC = 8, 1
 H, H_ACTUAL, D, Q_HEADS, KV_HEADS = 3072, 2880, 64, 64 // TP, 8 // TP
 EXPERTS, TOP_K, EXPERT_I = 32, 4, 3072 // TP
 SLIDING_WINDOW = 128
-#: no bundled fusegraph model: GPT-OSS-20B is built from the gpt_oss family config in benchmarks/bench_flagships.py,
-#: and ``fusegraph bench --against`` fails on a model name fusegraph.models.MODELS lacks (modelperf.against.
-#: cost_generated calls model_config before its NotRun handling), so the spec names none; --models still may
+#: no bundled fusegraph model (fusegraph.models.MODELS): ``bench --against`` prints this kernel's side alone;
+#: fusegraph's own GPT-OSS-20B rank is ``benchmarks/bench_tp.py --rows gpt-oss-20b:trn3:8:1`` (docs/performance.md)
 MODEL = None
 KERNEL = "megakernels/gpt_oss/transformer_gpt_oss.py"
 #: the top-level packages of the checkout (also in the Qwen3 checkout ``MK``, possibly another commit)

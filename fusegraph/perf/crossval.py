@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from .costmodel import Estimate, estimate_kernel
-from .fit import FitResult, Measured, layer_figures, relative_error, search
+from .fit import FitResult, Measured, layer_figures, relative_errors, search
 from .kernelview import KernelView
 from .params import FITTABLE, HardwareParams
 
@@ -64,7 +64,7 @@ class MeasuredKernel:
 
     def errors(self, modeled: Mapping[str, float]) -> dict[str, float]:
         """Relative error (modeled - measured) / measured of each measured figure (0 inside a bounding interval)."""
-        return {k: relative_error(modeled[k], v) for k, v in self.targets.items()}
+        return relative_errors(modeled, self.targets)
 
 
 def _key(kernel: str, figure: str) -> str:
@@ -121,8 +121,7 @@ class HeldOutKernel:
     sourced: dict[str, float]  # under the sourced parameters, for comparison
 
     def errors(self, modeled: Mapping[str, float] | None = None) -> dict[str, float]:
-        m = self.modeled if modeled is None else modeled
-        return {k: relative_error(m[k], v) for k, v in self.measured.items()}
+        return relative_errors(self.modeled if modeled is None else modeled, self.measured)
 
     def max_error(self) -> float:
         return max(abs(e) for e in self.errors().values())

@@ -118,6 +118,11 @@ def relative_error(modeled: float, measured: Measured) -> float:
     return (modeled - ref) / ref if ref else 0.0
 
 
+def relative_errors(modeled: Mapping[str, float], measured: Mapping[str, Measured]) -> dict[str, float]:
+    """:func:`relative_error` of every measured figure (a fit's targets, a left-out kernel's figures)."""
+    return {k: relative_error(modeled[k], v) for k, v in measured.items()}
+
+
 def log_error(modeled: float, measured: Measured) -> float:
     ref = nearest(modeled, measured)
     return math.log(max(modeled, 1e-15) / max(ref, 1e-15))
@@ -145,8 +150,7 @@ class FitResult:
 
     def errors(self, modeled: Mapping[str, float] | None = None) -> dict[str, float]:
         """Relative error (modeled - measured) / measured of every fitted figure."""
-        m = self.modeled if modeled is None else modeled
-        return {k: relative_error(m[k], v) for k, v in self.targets.items()}
+        return relative_errors(self.modeled if modeled is None else modeled, self.targets)
 
     def max_error(self) -> float:
         return max(abs(e) for e in self.errors().values())
